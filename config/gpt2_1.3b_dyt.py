@@ -1,0 +1,8 @@
+# GPT-2 1.3b (24 layers, 32 heads, 2048 wide): Dynamic Tanh in place of every LayerNorm, alpha0 = 2.0 as in the study.
+from config.study import *
+
+n_layer, n_head, n_embd = 24, 32, 2048
+norm = 'dyt'
+dyt_alpha = 2.0
+learning_rate = 1e-4
+out_dir = 'out/gpt2_1.3b_dyt'

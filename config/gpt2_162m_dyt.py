@@ -1,0 +1,7 @@
+# GPT-2 162m (16 layers, 14 heads, 896 wide): Dynamic Tanh in place of every LayerNorm, alpha0 = 2.0 as in the study; held-out scale (this shape has 199M parameters, see README).
+from config.study import *
+
+n_layer, n_head, n_embd = 16, 14, 896
+norm = 'dyt'
+dyt_alpha = 2.0
+out_dir = 'out/gpt2_162m_dyt'

@@ -1,0 +1,6 @@
+# GPT-2 162m (16 layers, 14 heads, 896 wide): RMSNorm in place of LayerNorm; held-out scale (this shape has 199M parameters, see README).
+from config.study import *
+
+n_layer, n_head, n_embd = 16, 14, 896
+norm = 'rmsnorm'
+out_dir = 'out/gpt2_162m_rmsnorm'

@@ -1,0 +1,8 @@
+# GPT-2 3.78b (32 layers, 32 heads, 3072 wide): Differential Attention (heads halved inside the model), LayerNorm.
+from config.study import *
+
+n_layer, n_head, n_embd = 32, 32, 3072
+attn = 'diff'
+learning_rate = 1e-4
+fsdp = True  # does not fit data-parallel on 80 GB cards
+out_dir = 'out/gpt2_3.78b_diff'

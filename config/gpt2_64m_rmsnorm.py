@@ -1,0 +1,6 @@
+# GPT-2 64m (12 layers, 8 heads, 512 wide): RMSNorm in place of LayerNorm.
+from config.study import *
+
+n_layer, n_head, n_embd = 12, 8, 512
+norm = 'rmsnorm'
+out_dir = 'out/gpt2_64m_rmsnorm'

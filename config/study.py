@@ -1,0 +1,22 @@
+# The study's training protocol (SPEC 1.2), shared by every config/gpt2_*.py and config/llama_*.py.
+# Those files `from config.study import *`, then set the shape and the variant; --key=value overrides all.
+# Data budgets (1M/10M/50M/118M tokens) and seeds (1337/42/7) are set per run, e.g.
+#   torchrun --nproc_per_node=8 train.py config/gpt2_64m_dyt.py --train_tokens=1000000 --seed=42
+dataset = 'wikitext103'
+block_size = 512
+batch_size = 8
+gradient_accumulation_steps = 8  # global: 8 x 8 = 64 sequences = 32,768 tokens per step, whatever the GPU count
+max_iters = 5000
+learning_rate = 3e-4
+warmup_iters = 2000
+lr_decay_iters = 600000  # cosine over 600k steps: in practice constant after warmup, as in the study
+min_lr = 6e-5
+weight_decay = 0.1
+beta1, beta2 = 0.9, 0.95
+grad_clip = 1.0
+dropout = 0.0
+bias = False
+eval_interval = 500
+eval_iters = 50
+compile = True
+seed = 1337

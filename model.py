@@ -1,0 +1,418 @@
+"""
+One GPT for the question "when does removing LayerNorm help?".
+
+Flags switch, each in one obvious place below:
+  norm: 'layernorm' | 'rmsnorm' | 'dyt' | 'hardtanh'   -> make_norm()
+  attn: 'standard' | 'diff' (Differential Attention)   -> CausalSelfAttention
+  mlp:  'gelu' | 'swiglu'                              -> MLP
+  pos:  'learned' | 'rope'                             -> GPT.forward / apply_rope()
+The defaults are nanoGPT's GPT-2, and parameter names are nanoGPT's, so its checkpoints load as they are.
+Formulas follow ../shared/SPEC.md sections 2-4 (DyT paper, microsoft/unilm Diff-Transformer, Llama).
+"""
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+SAT_THRESHOLDS = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0)  # |alpha*x| cut-offs of the saturation measure (SPEC 5)
+PEAK_FLOPS = {'A100': 312e12, 'H100': 989e12, 'H200': 989e12}  # dense bf16, by GPU name
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    n_kv_head: int | None = None  # grouped-query attention; None = n_head
+    dropout: float = 0.0
+    bias: bool = True
+    norm: str = 'layernorm'
+    norm_eps: float = 1e-5
+    dyt_alpha: float = 0.5  # DyT alpha init; the study uses 2.0
+    dyt_alpha_attn: float | None = None  # per-place inits (DyT paper, LLM rule); None = dyt_alpha
+    dyt_alpha_ffn: float | None = None
+    dyt_alpha_final: float | None = None
+    embed_scale: bool = False  # LLaMA-DyT: learnable scalar on token embeddings, init sqrt(n_embd)
+    attn: str = 'standard'
+    mlp: str = 'gelu'
+    pos: str = 'learned'
+    rope_theta: float = 10000.0
+
+    def __post_init__(self):
+        choices = dict(norm=('layernorm', 'rmsnorm', 'dyt', 'hardtanh'), attn=('standard', 'diff'),
+                       mlp=('gelu', 'swiglu'), pos=('learned', 'rope'))
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"{key}={getattr(self, key)!r} is not known; choose one of {allowed}")
+        n_kv_head = self.n_kv_head or self.n_head
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+        if self.n_head % n_kv_head:
+            raise ValueError(f"n_head={self.n_head} must be a multiple of n_kv_head={n_kv_head}")
+        if self.attn == 'diff' and (self.n_head % 2 or n_kv_head % 2):
+            raise ValueError(f"attn='diff' pairs heads, so n_head ({self.n_head}) and n_kv_head ({n_kv_head}) "
+                             "must be even; use the baseline's head count (the model halves it)")
+        if self.pos == 'rope' and (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"pos='rope' needs an even head size, got n_embd/n_head={self.n_embd // self.n_head}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Normalization layers. Each can record statistics of its input for analysis (off by default: one Python
+# bool test per call). The statistics live in non-persistent buffers, so they follow .to(device), stay out
+# of checkpoints, and torch.compile traces the in-place updates.
+
+class Norm(nn.Module):
+    kind = None
+
+    def __init__(self):
+        super().__init__()
+        self.tracking = False
+        for name in ('stat_count', 'stat_sum', 'stat_sumsq'):
+            self.register_buffer(name, torch.zeros(()), persistent=False)
+        self.register_buffer('stat_sat', torch.zeros(len(SAT_THRESHOLDS)), persistent=False)
+
+    @torch.no_grad()
+    def observe(self, x, ax=None):
+        x = x.float()
+        self.stat_count += x.numel()
+        self.stat_sum += x.sum()
+        self.stat_sumsq += x.square().sum()
+        if ax is not None:
+            a = ax.detach().abs()
+            self.stat_sat += torch.stack([(a > t).sum() for t in SAT_THRESHOLDS]).float()
+
+    def reset_stats(self):
+        for buf in self.buffers():
+            buf.zero_()
+
+    def stats(self):
+        n = self.stat_count.item()
+        mean = self.stat_sum.item() / max(n, 1)
+        std = math.sqrt(max(self.stat_sumsq.item() / max(n, 1) - mean * mean, 0.0)) if n else None
+        return {'kind': self.kind, 'alpha': self.alpha.item() if self.kind == 'dyt' else None,
+                'input_std': std, 'count': int(n),
+                'saturation': (self.stat_sat / n).tolist() if self.kind == 'dyt' and n else None}
+
+
+class LayerNorm(Norm):
+    kind = 'layernorm'
+
+    def __init__(self, ndim, bias, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+
+    def forward(self, x):
+        if self.tracking:
+            self.observe(x)
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+
+
+class RMSNorm(Norm):
+    kind = 'rmsnorm'
+
+    def __init__(self, ndim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(ndim))
+
+    def forward(self, x):
+        if self.tracking:
+            self.observe(x)
+        xf = x.float()  # the mean of squares overflows/underflows in half precision
+        return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.eps) * self.weight.float()).type_as(x)
+
+
+class DyT(Norm):
+    """Dynamic Tanh: gamma * tanh(alpha * x) + beta, with ONE learnable alpha for the layer."""
+    kind = 'dyt'
+
+    def __init__(self, ndim, bias, alpha0):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.full((1,), float(alpha0)))
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+
+    def forward(self, x):
+        ax = self.alpha * x
+        if self.tracking:
+            self.observe(x, ax)
+        y = torch.tanh(ax)
+        return y * self.weight if self.bias is None else torch.addcmul(self.bias, y, self.weight)
+
+
+class HardTanh(Norm):
+    """The study's control: DyT's bound without its learnable slope, clip(x, -1, 1) * gamma + beta."""
+    kind = 'hardtanh'
+
+    def __init__(self, ndim, bias):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+
+    def forward(self, x):
+        if self.tracking:
+            self.observe(x)
+        y = x.clamp(-1.0, 1.0) * self.weight
+        return y if self.bias is None else y + self.bias
+
+
+def make_norm(config, dyt_alpha=None):
+    """The one place where the model chooses its normalization."""
+    if config.norm == 'layernorm':
+        return LayerNorm(config.n_embd, config.bias, config.norm_eps)
+    if config.norm == 'rmsnorm':
+        return RMSNorm(config.n_embd, config.norm_eps)
+    if config.norm == 'dyt':
+        return DyT(config.n_embd, config.bias, config.dyt_alpha if dyt_alpha is None else dyt_alpha)
+    return HardTanh(config.n_embd, config.bias)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Rotary position embedding, rotate-half layout: the pair (x[i], x[i + d/2]) turns by pos * theta^(-2i/d).
+
+def rope_angles(block_size, head_dim, theta):
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.outer(torch.arange(block_size, dtype=torch.float64), inv_freq)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x, cos, sin):
+    """x: (B, H, T, head_dim); cos, sin: (T, head_dim/2)."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).type_as(x)
+
+
+class CausalSelfAttention(nn.Module):
+    """Standard multi-head attention, or Differential Attention (Ye et al. 2025) with attn='diff'.
+
+    Differential Attention keeps the baseline's projection shapes: Q and K are read as n_head heads of
+    head_dim and paired up (2i, 2i+1), V as n_head/2 heads of 2*head_dim. Diff head i outputs
+    (softmax(q_2i k^T s) - lambda * softmax(q_2i+1 k^T s)) v_i, then a per-head RMSNorm and * (1 - lambda_init).
+    """
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head or config.n_head
+        self.head_dim = config.n_embd // config.n_head
+        self.kv_dim = self.n_kv_head * self.head_dim
+        self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * self.kv_dim, bias=config.bias)  # q, k, v
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.dropout = config.dropout
+        self.diff = config.attn == 'diff'
+        if self.diff:
+            self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer_idx)  # layer_idx counted from 0
+            for name in ('lambda_q1', 'lambda_k1', 'lambda_q2', 'lambda_k2'):
+                setattr(self, name, nn.Parameter(torch.randn(self.head_dim) * 0.1))
+            self.subln = RMSNorm(2 * self.head_dim, eps=1e-5)
+
+    def forward(self, x, rope=None):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split([C, self.kv_dim, self.kv_dim], dim=2)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        rep = self.n_head // self.n_kv_head
+        k = k.repeat_interleave(rep, dim=1)  # GQA: query head j reads key head j // rep
+        dropout_p = self.dropout if self.training else 0.0
+        if not self.diff:
+            v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2).repeat_interleave(rep, dim=1)
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        else:
+            v = v.view(B, T, self.n_kv_head // 2, 2 * self.head_dim).transpose(1, 2)
+            v = v.repeat_interleave(rep, dim=1).repeat_interleave(2, dim=1)  # both maps of diff head i read v_i
+            # Fast kernels want equal q/k/v head sizes: attend to each half of V (the reference "flashdiff" form).
+            y = torch.cat([F.scaled_dot_product_attention(q, k, vh, dropout_p=dropout_p, is_causal=True)
+                           for vh in v.split(self.head_dim, dim=-1)], dim=-1)
+            y = y.view(B, self.n_head // 2, 2, T, 2 * self.head_dim)
+            lam = (torch.exp(torch.dot(self.lambda_q1.float(), self.lambda_k1.float()))
+                   - torch.exp(torch.dot(self.lambda_q2.float(), self.lambda_k2.float())) + self.lambda_init)
+            y = self.subln(y[:, :, 0] - lam.type_as(y) * y[:, :, 1]) * (1 - self.lambda_init)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    """GELU 4x MLP (GPT-2), or SwiGLU c_proj(silu(c_fc x) * c_up x) with hidden a multiple of 256 (Llama)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.swiglu = config.mlp == 'swiglu'
+        hidden = 256 * math.ceil(2 / 3 * 4 * config.n_embd / 256) if self.swiglu else 4 * config.n_embd
+        self.c_fc = nn.Linear(config.n_embd, hidden, bias=config.bias)
+        if self.swiglu:
+            self.c_up = nn.Linear(config.n_embd, hidden, bias=config.bias)
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        h = self.c_fc(x)
+        h = F.silu(h) * self.c_up(x) if self.swiglu else F.gelu(h)
+        return self.dropout(self.c_proj(h))
+
+
+class Block(nn.Module):
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.ln_1 = make_norm(config, config.dyt_alpha_attn)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.ln_2 = make_norm(config, config.dyt_alpha_ffn)
+        self.mlp = MLP(config)
+
+    def forward(self, x, rope=None):
+        x = x + self.attn(self.ln_1(x), rope)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
+            ln_f=make_norm(config, config.dyt_alpha_final),
+        ))
+        if config.pos == 'learned':
+            self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
+        else:
+            cos, sin = rope_angles(config.block_size, config.n_embd // config.n_head, config.rope_theta)
+            self.register_buffer('rope_cos', cos, persistent=False)
+            self.register_buffer('rope_sin', sin, persistent=False)
+        self.embed_scale = nn.Parameter(torch.tensor(math.sqrt(config.n_embd))) if config.embed_scale else None
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith('c_proj.weight'):  # residual projections: attention output and MLP down projection
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def get_num_params(self, non_embedding=True):
+        """Parameter count; by default without position embeddings (token embeddings count: tied to lm_head)."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding and self.config.pos == 'learned':
+            n -= self.transformer.wpe.weight.numel()
+        return n
+
+    def forward(self, idx, targets=None, all_logits=False):
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence of length {T} is longer than block_size={self.config.block_size}")
+        x = self.transformer.wte(idx)
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
+        rope = None
+        if self.config.pos == 'learned':
+            x = x + self.transformer.wpe(torch.arange(T, device=idx.device))
+        else:
+            rope = (self.rope_cos[:T], self.rope_sin[:T])
+        x = self.transformer.drop(x)
+        for block in self.transformer.h:
+            x = block(x, rope)
+        x = self.transformer.ln_f(x)
+        if targets is not None:
+            logits = self.lm_head(x)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+            return logits, loss
+        return self.lm_head(x if all_logits else x[:, [-1], :]), None  # generation needs only the last position
+
+    # ---- saturation and input statistics of the norm layers (analyze.py and train.py read these) ----
+    def norm_layers(self):
+        for i, block in enumerate(self.transformer.h):
+            yield f'transformer.h.{i}.ln_1', block.ln_1
+            yield f'transformer.h.{i}.ln_2', block.ln_2
+        yield 'transformer.ln_f', self.transformer.ln_f
+
+    def track_norm_stats(self, enabled=True):
+        """Start (and reset) or stop accumulating input statistics in every norm layer."""
+        for _, layer in self.norm_layers():
+            layer.tracking = enabled
+            if enabled:
+                layer.reset_stats()
+
+    def norm_stats(self):
+        layers = {name: layer.stats() for name, layer in self.norm_layers()}
+        sats = [s['saturation'] for s in layers.values() if s['saturation'] is not None]
+        # Every DyT layer sees the same number of elements, so the pooled fraction is the mean over layers.
+        pooled = [sum(col) / len(sats) for col in zip(*sats)] if sats else None
+        return {'thresholds': list(SAT_THRESHOLDS), 'layers': layers, 'saturation': pooled}
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        """AdamW; weight decay only on >=2-D weights (never on norm/DyT parameters, lambdas, biases, scalars)."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
+                  {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == 'cuda')
+
+    def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops=None):
+        """Model FLOPs utilization (PaLM appendix B), or None when the device's peak is unknown (e.g. CPU)."""
+        if peak_flops is None and torch.cuda.is_available():
+            name = torch.cuda.get_device_name()
+            peak_flops = next((flops for gpu, flops in PEAK_FLOPS.items() if gpu in name), None)
+        if peak_flops is None:
+            return None
+        cfg = self.config
+        flops_per_token = 6 * self.get_num_params() + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
+        return flops_per_token * cfg.block_size * fwdbwd_per_iter / dt / peak_flops
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """Sample max_new_tokens continuations of idx (B, T); temperature 0 picks the argmax."""
+        for _ in range(max_new_tokens):
+            logits, _ = self(idx[:, -self.config.block_size:])
+            logits = logits[:, -1, :]
+            if temperature == 0:
+                next_id = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+                    logits = logits.masked_fill(logits < kth, -float('inf'))
+                next_id = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            idx = torch.cat((idx, next_id), dim=1)
+        return idx
+
+
+def load_checkpoint(path, device='cpu'):
+    """Load a train.py (or nanoGPT) checkpoint -> (model in eval mode, checkpoint dict).
+
+    `path` is a ckpt.pt/best.pt file or a run directory (its ckpt.pt). Raises FileNotFoundError or ValueError
+    with a message that says what is wrong."""
+    path = os.path.join(path, 'ckpt.pt') if os.path.isdir(path) else str(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no checkpoint at {path}: give a run's out_dir or its ckpt.pt / best.pt "
+                                "(train one with `python train.py`)")
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:
+        raise ValueError(f"cannot read checkpoint {path} (truncated or corrupt?): {e}") from None
+    if not isinstance(ckpt, dict) or 'model' not in ckpt or 'model_args' not in ckpt:
+        raise ValueError(f"{path} is not a training checkpoint: it needs 'model' and 'model_args' entries")
+    try:
+        model = GPT(GPTConfig(**ckpt['model_args']))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: its model_args do not describe a model this version builds: {e}") from None
+    state = {k.removeprefix('_orig_mod.').removeprefix('module.'): v for k, v in ckpt['model'].items()}
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        raise ValueError(f"{path}: the weights do not match its model_args (another architecture?): {e}") from None
+    return model.to(device).eval(), ckpt
