@@ -1,0 +1,89 @@
+"""
+The offline default corpus: English text present on every machine with Python, so that
+`python train.py` works with no download. Documents are, in a fixed order, the docstrings of each
+standard-library module (read with `ast` from the .py sources, nothing is imported), then each topic
+of the language reference that pydoc ships (pydoc_data/topics.py). Byte tokenizer: ids 0..255 are the
+UTF-8 bytes, 256 ends each document. Every 10th document goes to val.bin, the rest to train.bin.
+
+    python data/pydocs/prepare.py [--force]
+"""
+import ast
+import os
+import platform
+import sys
+import sysconfig
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from data.common import DataError, cli, finished, get_tokenizer, write_json, write_tokens  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# third-party packages differ between machines; tests and demos are code-heavy and slow to parse
+SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__"}
+
+
+def documents():
+    """The corpus' documents (str), deterministic for a given Python installation."""
+    root = sysconfig.get_paths()["stdlib"]
+    paths = []
+    for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if x not in SKIP_DIRS]
+        paths += [os.path.relpath(os.path.join(d, f), root).replace(os.sep, "/") for f in files if f.endswith(".py")]
+    seen = set()  # the same docstring in several places (e.g. _pydecimal and its copies) counts once
+    docs = []
+    for rel in sorted(paths):
+        with open(os.path.join(root, rel), "rb") as f:
+            src = f.read()
+        try:
+            tree = ast.parse(src)
+        except (SyntaxError, ValueError):  # a file that is not valid for this Python: nothing to learn from
+            continue
+        text = [s for s in _docstrings(tree) if not (s in seen or seen.add(s))]
+        if text:
+            docs.append("\n\n".join(text))
+        if rel == "pydoc_data/topics.py":
+            docs += _topics(tree)
+    if not docs:
+        raise DataError(f"no Python sources with docstrings under {root} (a Python without its .py files?). "
+                        "Use another dataset, e.g. python data/shakespeare/prepare.py, and dataset=shakespeare.")
+    return docs
+
+
+def _docstrings(node):
+    """Docstrings of a module, class or function and everything nested in it, in source order."""
+    if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+        s = ast.get_docstring(node)  # cleaned: common indentation removed
+        if s and s.strip():
+            yield s.strip()
+    for child in ast.iter_child_nodes(node):
+        yield from _docstrings(child)
+
+
+def _topics(tree):
+    """The pydoc topics: a dict literal `topics = {name: text}` of the language reference, by name."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["topics"]:
+            topics = ast.literal_eval(node.value)
+            return [topics[k].strip() for k in sorted(topics) if topics[k].strip()]
+    return []
+
+
+def prepare(out_dir=HERE, force=False):
+    """Build train.bin, val.bin and meta.json in out_dir (a few seconds); returns the meta dict."""
+    if (meta := finished(out_dir, force)) is not None:
+        return meta
+    tok = get_tokenizer("byte")
+    docs = documents()
+    splits = {"train": [d for i, d in enumerate(docs) if i % 10 != 9], "val": docs[9::10]}
+    meta = {"tokenizer": "byte", "vocab_size": tok.n_vocab, "eot": tok.eot,
+            "source": "docstrings of the Python standard library + pydoc topics",
+            "python": platform.python_version(), "documents": len(docs)}
+    for split, ds in splits.items():
+        n = write_tokens(os.path.join(out_dir, f"{split}.bin"), (tok.encode(d) + [tok.eot] for d in ds))
+        meta[f"{split}_tokens"], meta[f"{split}_documents"] = n, len(ds)
+        print(f"{split}: {n:,} tokens ({len(ds):,} documents)")
+    write_json(os.path.join(out_dir, "meta.json"), meta)
+    return meta
+
+
+if __name__ == "__main__":
+    cli(prepare, __doc__)

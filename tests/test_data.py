@@ -1,0 +1,418 @@
+"""data/: downloader, tokenizers, token files and every prepare script, against a local HTTP server."""
+import hashlib
+import http.server
+import inspect
+import io
+import json
+import os
+import pickle
+import random
+import subprocess
+import sys
+import tarfile
+import threading
+import zipfile
+
+import numpy as np
+import pytest
+
+from data.common import (DataError, download, get_tokenizer, line_chunks, load_meta, load_split,
+                         write_tokens)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RANKS = os.path.join(ROOT, "..", "shared", "data", "gpt2.tiktoken")
+needs_ranks = pytest.mark.skipif(not os.path.exists(RANKS), reason="../shared/data/gpt2.tiktoken not present")
+# text where a naive cut at every line would change GPT-2's ids ("\n\n\n", indentation, " \n" lines)
+TRICKY = " = Title = \n \n Para one , it 's 12 .\n\n\nSecond\n        indented\n\n \nLast line\n"
+
+
+# ----------------------------------------------------------------------------- local HTTP server
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    """Routes: path -> (mode, body). mode 'ok' honours Range, 'norange' ignores it, 'drop' sends half of
+    the body and closes the connection the first time, a number is an HTTP error status."""
+
+    def do_GET(self):
+        srv = self.server
+        srv.log.append((self.path, dict(self.headers)))
+        mode, body = srv.routes.get(self.path, (404, b""))
+        if isinstance(mode, int):
+            self.send_error(mode)
+            return
+        start = 0
+        rng = self.headers.get("Range")
+        if rng and mode != "norange":
+            start = int(rng.split("=")[1].split("-")[0])
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+        else:
+            self.send_response(200)
+        self.send_header("Content-Length", str(len(body) - start))
+        self.end_headers()
+        if mode == "drop" and self.path not in srv.dropped:
+            srv.dropped.add(self.path)
+            self.wfile.write(body[:len(body) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self.wfile.write(body[start:])
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    srv.routes, srv.log, srv.dropped = {}, [], set()
+    srv.url = f"http://127.0.0.1:{srv.server_address[1]}"
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+
+    def serve(path, body, mode="ok"):
+        srv.routes[path] = (mode, body)
+        return srv.url + path
+    srv.serve = serve
+    yield srv
+    srv.shutdown()
+
+
+def sha(b, algo="sha256"):
+    return hashlib.new(algo, b).hexdigest()
+
+
+def requests_for(server, path):
+    return [h for p, h in server.log if p == path]
+
+
+# ----------------------------------------------------------------------------- download
+
+def test_download_verifies_and_renames(server, tmp_path):
+    body = os.urandom(300_000)
+    url = server.serve("/ok.bin", body)
+    dest = str(tmp_path / "ok.bin")
+    assert download([url], dest, sha256=sha(body), md5=sha(body, "md5"), size=len(body)) == dest
+    assert open(dest, "rb").read() == body
+    assert os.listdir(tmp_path) == ["ok.bin"]  # no .part left
+    assert requests_for(server, "/ok.bin")[-1]["User-Agent"].startswith("Mozilla/5.0")
+    # already there and correct: kept, no new request
+    n = len(server.log)
+    download([url], dest, sha256=sha(body), size=len(body))
+    assert len(server.log) == n
+
+
+def test_download_falls_back_to_second_mirror_after_403(server, tmp_path):
+    body = b"mirror two " * 1000
+    bad, good = server.serve("/forbidden.zip", b"", 403), server.serve("/mirror2.zip", body)
+    dest = str(tmp_path / "f.zip")
+    download([bad, good], dest, sha256=sha(body), size=len(body), backoff=0)
+    assert open(dest, "rb").read() == body
+    assert len(requests_for(server, "/forbidden.zip")) == 1  # a 403 is not retried
+
+
+@pytest.mark.parametrize("check", ["sha256", "md5", "size"])
+def test_download_wrong_file_leaves_nothing(server, tmp_path, check):
+    body = b"not what you expected" * 100
+    url = server.serve("/wrong.bin", body)
+    dest = str(tmp_path / "wrong.bin")
+    wrong = {"sha256": {"sha256": sha(b"x")}, "md5": {"md5": sha(b"x", "md5")}, "size": {"size": len(body) + 1}}
+    said = {"sha256": f"its sha256 is {sha(body)}", "md5": f"its md5 is {sha(body, 'md5')}",
+            "size": f"has {len(body):,} bytes, expected {len(body) + 1:,}"}
+    with pytest.raises(DataError) as e:
+        download([url], dest, backoff=0, retries=2, **wrong[check])
+    msg = str(e.value)
+    assert url in msg and os.path.abspath(dest) in msg and said[check] in msg
+    assert os.listdir(tmp_path) == []  # neither the final name nor a .part
+
+
+def test_download_resumes_an_interrupted_transfer(server, tmp_path):
+    body = os.urandom(200_000)
+    url = server.serve("/drop.bin", body, "drop")
+    dest = str(tmp_path / "drop.bin")
+    download([url], dest, sha256=sha(body), size=len(body), backoff=0)
+    assert open(dest, "rb").read() == body
+    first, second = requests_for(server, "/drop.bin")
+    assert "Range" not in first
+    start = int(second["Range"].removeprefix("bytes=").removesuffix("-"))
+    assert 0 < start <= len(body) // 2  # asked only for what was missing (the server dropped at half)
+
+
+def test_download_restarts_when_server_ignores_range(server, tmp_path):
+    body = os.urandom(50_000)
+    url = server.serve("/norange.bin", body, "norange")
+    dest = str(tmp_path / "n.bin")
+    open(dest + ".part", "wb").write(b"junk" * 100)  # a stale partial file
+    download([url], dest, sha256=sha(body), backoff=0)
+    assert open(dest, "rb").read() == body
+    assert requests_for(server, "/norange.bin")[0]["Range"] == "bytes=400-"
+
+
+def test_download_error_names_every_url(server, tmp_path):
+    missing = server.serve("/missing", b"", 404)
+    flaky = server.serve("/flaky", b"", 503)
+    dest = str(tmp_path / "x.tar.gz")
+    with pytest.raises(DataError) as e:
+        download([missing, flaky], dest, md5="0" * 32, retries=2, backoff=0)
+    msg = str(e.value)
+    assert f"{missing}: HTTP 404" in msg and f"{flaky}: HTTP 503" in msg and "2 tries" in msg
+    assert f"save it as {os.path.abspath(dest)}" in msg and "0" * 32 in msg
+    assert len(requests_for(server, "/flaky")) == 2  # a 5xx is retried
+
+
+def test_download_local_write_error_is_clear(server, tmp_path):
+    url = server.serve("/small", b"abc")
+    (tmp_path / "afile").write_text("I am a file, not a folder")
+    with pytest.raises(DataError, match="cannot write"):
+        download([url], str(tmp_path / "afile" / "x.bin"), backoff=0)
+
+
+def test_download_existing_wrong_file_is_an_error(tmp_path):
+    dest = tmp_path / "have.bin"
+    dest.write_bytes(b"placed by hand, but wrong")
+    with pytest.raises(DataError, match="exists but its sha256"):
+        download(["http://127.0.0.1:9/never-asked"], str(dest), sha256=sha(b"right"))
+
+
+# ----------------------------------------------------------------------------- tokenizers and token files
+
+def test_byte_tokenizer_round_trip():
+    tok = get_tokenizer("byte")
+    text = "Héllo wörld ✓ <|endoftext|>"
+    ids = tok.encode(text)
+    assert ids == list(text.encode("utf-8")) and max(ids) < 256  # special text stays plain bytes
+    assert (tok.eot, tok.n_vocab) == (256, 257)
+    assert tok.decode(ids) == text
+    assert tok.decode([104, 105, 256, 121, 111]) == "hi<|endoftext|>yo"
+    assert tok.decode([104, 300, 105]) == "h\ufffdi"  # an id past the vocabulary does not crash
+
+
+@needs_ranks
+def test_gpt2_tokenizer_from_ranks_file(monkeypatch):
+    tok = get_tokenizer("gpt2", RANKS)
+    assert tok.encode("Hello world") == [15496, 995]
+    assert (tok.eot, tok.n_vocab) == (50256, 50257)
+    assert 50256 not in tok.encode("a <|endoftext|> b")  # encode_ordinary semantics
+    text = "Tokenizers, round trips & ünïcode ✓\n\n  indented"
+    assert tok.decode(tok.encode(text)) == text
+    monkeypatch.setenv("NANONORM_TIKTOKEN_FILE", RANKS)  # the air-gapped setting, set once
+    assert get_tokenizer("gpt2").encode("Hello world") == [15496, 995]
+
+
+def test_tokenizer_bad_input(tmp_path):
+    with pytest.raises(DataError, match="--tiktoken_file"):
+        get_tokenizer("gpt2", str(tmp_path / "missing.tiktoken"))
+    bad = tmp_path / "bad.tiktoken"
+    bad.write_text("this is not base64 rank\n")
+    with pytest.raises(DataError, match="not a GPT-2"):
+        get_tokenizer("gpt2", str(bad))
+    with pytest.raises(DataError, match="unknown tokenizer"):
+        get_tokenizer("gpt3")
+
+
+@needs_ranks
+def test_chunked_encoding_equals_whole_text():
+    enc = get_tokenizer("gpt2", RANKS)
+    rnd = random.Random(0)
+    pieces = ["word", " word", "\n", "\n\n", " \n", "  ", "\t", ".", "'s", " 12", "\r\n", "\u00a0", "é"]
+    text = TRICKY + "".join(rnd.choice(pieces) for _ in range(20_000))
+    whole = enc.encode(text)
+    naive = [i for line in text.splitlines(keepends=True) for i in enc.encode(line)]
+    assert naive != whole  # the text really has cuts that matter
+    for size in (1, 50, 10_000):
+        chunks = list(line_chunks(text.splitlines(keepends=True), chunk_chars=size))
+        assert "".join(chunks) == text
+        assert [i for c in chunks for i in enc.encode(c)] == whole
+
+
+def test_write_tokens_and_load_split(tmp_path):
+    d = tmp_path / "toy"
+    d.mkdir()
+    assert write_tokens(str(d / "train.bin"), [[1, 2, 3], np.array([65535, 0])]) == 5
+    with pytest.raises(DataError, match=r"not prepared.*python data/toy/prepare\.py"):
+        load_split("toy", "train", data_dir=str(d))  # no meta.json yet: not finished
+    (d / "meta.json").write_text(json.dumps({"tokenizer": "byte"}))
+    assert load_split("toy", "train", data_dir=str(d)).tolist() == [1, 2, 3, 65535, 0]
+    assert load_meta("toy", data_dir=str(d)) == {"tokenizer": "byte"}
+    with pytest.raises(DataError, match="no 'test' split"):
+        load_split("toy", "test", data_dir=str(d))
+    with pytest.raises(DataError, match="65536"):
+        write_tokens(str(d / "val.bin"), [[1, 65536]])
+    assert sorted(os.listdir(d)) == ["meta.json", "train.bin"]  # nothing half-written
+    with pytest.raises(DataError, match=r"python data/nosuchset/prepare\.py"):
+        load_split("nosuchset", "train")
+
+
+# ----------------------------------------------------------------------------- prepare scripts
+
+def make_zip(files):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, text in files.items():
+            zf.writestr(name, text)
+    return buf.getvalue()
+
+
+@needs_ranks
+def test_wikitext103_prepare(server, tmp_path, capsys):
+    from data.wikitext103.prepare import prepare
+    texts = {"train": TRICKY * 50 + " The end .\n", "val": " = Valid = \n\n\n Some text .\n", "test": TRICKY}
+    names = {"train": "wiki.train.raw", "val": "wiki.valid.raw", "test": "wiki.test.raw"}
+    body = make_zip({f"wikitext-103-raw/{names[s]}": t for s, t in texts.items()})
+    url = server.serve("/wikitext-103-raw-v1.zip", body)
+    kw = dict(out_dir=str(tmp_path), tiktoken_file=RANKS, urls=[url], sha256=sha(body), size=len(body))
+    meta = prepare(**kw)
+    enc = get_tokenizer("gpt2", RANKS)
+    for s, t in texts.items():
+        want = enc.encode(t)  # independent: the whole file at once
+        assert np.fromfile(tmp_path / f"{s}.bin", dtype=np.uint16).tolist() == want
+        assert meta[f"{s}_tokens"] == len(want)
+    assert meta["tokenizer"] == "gpt2" and meta["source_sha256"] == sha(body)
+    assert json.loads((tmp_path / "meta.json").read_text()) == meta
+    n = len(server.log)
+    capsys.readouterr()
+    assert prepare(**kw) == meta
+    assert "already prepared" in capsys.readouterr().out and len(server.log) == n
+
+
+@needs_ranks
+@pytest.mark.parametrize("body", [b"PK\x03\x04 this is not really a zip" * 10,
+                                  make_zip({"wikitext-103-raw/wiki.train.raw": "only train"})])
+def test_wikitext103_bad_zip_is_a_clear_error(server, tmp_path, body):
+    from data.wikitext103.prepare import prepare
+    url = server.serve(f"/bad{len(body)}.zip", body)
+    with pytest.raises(DataError, match="not a usable WikiText-103 raw zip"):
+        prepare(out_dir=str(tmp_path), tiktoken_file=RANKS, urls=[url], sha256=None, size=None)
+    assert not (tmp_path / "meta.json").exists()
+
+
+@needs_ranks
+def test_shakespeare_prepare(server, tmp_path):
+    from data.shakespeare.prepare import prepare
+    text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 40
+    body = text.encode()
+    url = server.serve("/input.txt", body)
+    meta = prepare(out_dir=str(tmp_path), tiktoken_file=RANKS, urls=[url], sha256=sha(body), size=len(body))
+    enc = get_tokenizer("gpt2", RANKS)
+    cut = int(len(text) * 0.9)
+    for split, part in (("train", text[:cut]), ("val", text[cut:])):
+        assert np.fromfile(tmp_path / f"{split}.bin", dtype=np.uint16).tolist() == enc.encode(part)
+    assert load_split("shakespeare", "val", data_dir=str(tmp_path)).size == meta["val_tokens"]
+
+
+def test_lambada_prepare(server, tmp_path):
+    from data.lambada import prepare as lam
+    texts = ["the cat sat on the mat", "in the end he said goodbye"]
+    body = "".join(json.dumps({"text": t}) + "\n" for t in texts).encode()
+    dead, url = server.serve("/lambada-dead", b"", 404), server.serve("/lambada_test.jsonl", body)
+    meta = lam.prepare(out_dir=str(tmp_path), urls=[dead, url], sha256=sha(body), size=len(body))
+    assert meta["examples"] == 2 and lam.load(str(tmp_path)) == texts
+    (tmp_path / "lambada_test.jsonl").write_text('{"txt": "wrong field"}\n')
+    with pytest.raises(DataError, match="line 1"):
+        lam.load(str(tmp_path))
+
+
+def test_blimp_prepare(server, tmp_path):
+    from data.blimp import prepare as blimp
+    assert len(blimp.UIDS) == len(set(blimp.UIDS)) == 67
+    bodies = {}
+    for uid in ("causative", "passive_1"):
+        pairs = [{"sentence_good": f"Good {i}.", "sentence_bad": f"Bad {i}.", "field": "syntax",
+                  "linguistics_term": "passive", "UID": uid, "pairID": str(i)} for i in range(3)]
+        bodies[uid] = "".join(json.dumps(p) + "\n" for p in pairs).encode()
+        server.serve(f"/blimp/{uid}.jsonl", bodies[uid])
+    meta = blimp.prepare(out_dir=str(tmp_path), base_url=server.url + "/blimp/", uids=list(bodies))
+    assert meta["pairs"] == 6 and meta["sha256"] == {u: sha(b) for u, b in bodies.items()}
+    assert blimp.load_paradigm(str(tmp_path / "passive_1.jsonl"), "passive_1")[2]["sentence_bad"] == "Bad 2."
+    server.serve("/blimp2/causative.jsonl", b'{"sentence_good": "only half a pair"}\n')
+    with pytest.raises(DataError, match="not a BLiMP pair"):
+        blimp.prepare(out_dir=str(tmp_path / "b2"), base_url=server.url + "/blimp2/", uids=["causative"])
+    assert not (tmp_path / "b2" / "causative.jsonl").exists()  # the next run downloads it again
+
+
+def make_cifar_tarball(extra=None):
+    rng = np.random.default_rng(0)
+    buf = io.BytesIO()
+    batches = {}
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+            d = {b"data": rng.integers(0, 256, (2, 3072), dtype=np.uint8), b"labels": [1, 7]}
+            batches[name] = d
+            raw = pickle.dumps(d)
+            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+            info.size = len(raw)
+            tar.addfile(info, io.BytesIO(raw))
+        if extra:
+            info = tarfile.TarInfo(extra)
+            info.size = 4
+            tar.addfile(info, io.BytesIO(b"evil"))
+    return buf.getvalue(), batches
+
+
+def test_cifar10_prepare(server, tmp_path):
+    from data.cifar10 import prepare as cifar
+    body, batches = make_cifar_tarball()
+    url = server.serve("/cifar-10-python.tar.gz", body)
+    meta = cifar.prepare(out_dir=str(tmp_path), urls=[url], md5=sha(body, "md5"), size=len(body))
+    assert (meta["train_images"], meta["test_images"]) == (10, 2)
+    x, y = cifar.load("test", str(tmp_path))
+    d = batches["test_batch"][b"data"]
+    assert x.shape == (2, 3, 32, 32) and y.tolist() == [1, 7]
+    assert x[1, 2, 0, 5] == d[1, 2 * 1024 + 5]  # image 1, blue plane, row 0, column 5
+
+
+@pytest.mark.parametrize("case", ["corrupt", "escape"])
+def test_cifar10_bad_tarball_is_a_clear_error(server, tmp_path, case):
+    from data.cifar10 import prepare as cifar
+    body = os.urandom(5000) if case == "corrupt" else make_cifar_tarball(extra="../escaped.txt")[0]
+    url = server.serve(f"/cifar-{case}.tar.gz", body)
+    out = tmp_path / "out"
+    with pytest.raises(DataError, match="not a usable CIFAR-10 tarball"):
+        cifar.prepare(out_dir=str(out), urls=[url], md5=None, size=None)
+    assert not (tmp_path / "escaped.txt").exists() and not (out / "meta.json").exists()
+
+
+@pytest.fixture(scope="module")
+def pydocs_dir(tmp_path_factory):
+    from data.pydocs.prepare import prepare
+    d = tmp_path_factory.mktemp("pydocs")
+    return d, prepare(out_dir=str(d))
+
+
+def test_pydocs_offline_corpus(pydocs_dir, capsys):
+    import json as json_module
+    d, meta = pydocs_dir
+    train = np.fromfile(d / "train.bin", dtype=np.uint16)
+    val = np.fromfile(d / "val.bin", dtype=np.uint16)
+    assert (meta["train_tokens"], meta["val_tokens"]) == (train.size, val.size)
+    assert meta["tokenizer"] == "byte" and meta["vocab_size"] == 257 and meta["python"] == sys.version.split()[0]
+    assert train.size > 1_000_000 and 0.05 < val.size / (train.size + val.size) < 0.2
+    assert max(train.max(), val.max()) == 256
+    assert (train == 256).sum() + (val == 256).sum() == meta["documents"]  # one end-of-text per document
+    # the json module's own docstring (read by importing it) is in the corpus
+    doc = inspect.cleandoc(json_module.__doc__).encode()[:200]
+    corpus = np.concatenate([train, val])
+    assert doc in bytes(corpus[corpus < 256].astype(np.uint8))
+    from data.pydocs.prepare import prepare
+    capsys.readouterr()
+    assert prepare(out_dir=str(d)) == meta
+    assert "already prepared" in capsys.readouterr().out
+
+
+def test_pydocs_is_deterministic(pydocs_dir, tmp_path):
+    from data.pydocs.prepare import prepare
+    d, meta = pydocs_dir
+    assert prepare(out_dir=str(tmp_path)) == meta
+    for f in ("train.bin", "val.bin"):
+        assert (tmp_path / f).read_bytes() == (d / f).read_bytes()
+
+
+def test_prepare_scripts_run_from_the_repo_root():
+    def run(*args):
+        return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    for name in ("pydocs", "wikitext103", "shakespeare", "lambada", "blimp", "cifar10"):
+        r = run(f"data/{name}/prepare.py", "--help")
+        assert r.returncode == 0 and "--force" in r.stdout, r.stderr
+        assert ("--tiktoken_file" in r.stdout) == (name in ("wikitext103", "shakespeare"))
+    r = run("data/shakespeare/prepare.py", "--force", "--tiktoken_file", "/nonexistent/gpt2.tiktoken")
+    assert r.returncode == 1 and "error: tiktoken file /nonexistent/gpt2.tiktoken not found" in r.stderr
+    assert "Traceback" not in r.stderr
