@@ -220,16 +220,20 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        rep = self.n_head // self.n_kv_head
-        k = k.repeat_interleave(rep, dim=1)  # GQA: query head j reads key head j // rep
+        rep = self.n_head // self.n_kv_head  # GQA: `rep` query heads share one key/value head
         dropout_p = self.dropout if self.training else 0.0
         if not self.diff:
+            k = k.repeat_interleave(rep, dim=1)
             v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2).repeat_interleave(rep, dim=1)
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         else:
+            # Diff head i reads key pair (2m, 2m+1) and value head m, m = i // rep (GQA as in the flashdiff reference).
+            k = k.view(B, self.n_kv_head // 2, 2, T, self.head_dim).repeat_interleave(rep, dim=1)
+            k = k.view(B, self.n_head, T, self.head_dim)
             v = v.view(B, T, self.n_kv_head // 2, 2 * self.head_dim).transpose(1, 2)
             v = v.repeat_interleave(rep, dim=1).repeat_interleave(2, dim=1)  # both maps of diff head i read v_i
             # Fast kernels want equal q/k/v head sizes: attend to each half of V (the reference "flashdiff" form).
+            # With dropout each half draws its own mask; the reference has no attention dropout at all.
             y = torch.cat([F.scaled_dot_product_attention(q, k, vh, dropout_p=dropout_p, is_causal=True)
                            for vh in v.split(self.head_dim, dim=-1)], dim=-1)
             y = y.view(B, self.n_head // 2, 2, T, 2 * self.head_dim)
@@ -349,6 +353,8 @@ class GPT(nn.Module):
                 layer.reset_stats()
 
     def norm_stats(self):
+        """{'thresholds': [...], 'saturation': pooled fraction of |alpha*x| > t over all DyT layers (None without
+        DyT), 'layers': {name: {'kind', 'alpha', 'input_std', 'count' (elements seen), 'saturation'}}}."""
         layers = {name: layer.stats() for name, layer in self.norm_layers()}
         sats = [s['saturation'] for s in layers.values() if s['saturation'] is not None]
         # Every DyT layer sees the same number of elements, so the pooled fraction is the mean over layers.
@@ -410,7 +416,8 @@ def load_checkpoint(path, device='cpu'):
         model = GPT(GPTConfig(**ckpt['model_args']))
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: its model_args do not describe a model this version builds: {e}") from None
-    state = {k.removeprefix('_orig_mod.').removeprefix('module.'): v for k, v in ckpt['model'].items()}
+    state = {k.removeprefix('_orig_mod.').removeprefix('module.'): v for k, v in ckpt['model'].items()
+             if not k.endswith('.attn.bias')}  # old nanoGPT checkpoints also saved the causal mask
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
