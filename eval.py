@@ -1,0 +1,282 @@
+"""
+Downstream evaluation of one or more checkpoints (SPEC section 6), comparable with lm-evaluation-harness.
+
+  python eval.py out-ln out-dyt/best.pt --tasks=lambada,blimp --limit=500 --json=results.json
+
+A directory stands for its ckpt.pt (the latest checkpoint); pass best.pt explicitly for the best-val one.
+Tasks (--tasks, comma separated; default all four):
+  lambada   OpenAI LAMBADA, 5153 passages. context = text up to its last space, target = " " + last word.
+            acc = share of passages whose every target token is the greedy argmax given the true prefix;
+            ppl = exp(-mean over passages of the target's summed log-prob).
+  blimp     every BLiMP paradigm file (67). A pair is right iff log P(" "+good | EOT) > log P(" "+bad | EOT)
+            (a tie is wrong). score = mean over paradigms; a field's score = mean over its paradigms.
+  wikitext  token-level perplexity of the WikiText-103 test split (data/wikitext103/test.bin).
+  val       token-level perplexity of a prepared dataset's val split (--dataset; default: the checkpoint's own).
+Perplexity uses consecutive windows of block_size + 1 tokens that share one token at the edges, as in training:
+every token but the first is predicted exactly once, from 1 to block_size tokens of context.
+Contexts longer than block_size are cut from the left. --limit caps the LAMBADA passages, the BLiMP pairs
+per paradigm and the perplexity windows. LAMBADA and BLiMP are downloaded into data/lambada/ and data/blimp/
+on first use (data/<name>/prepare.py); --lambada_dir / --blimp_dir point at copies made elsewhere.
+
+--json FILE schema:
+  {"args": {...the command-line options...},
+   "checkpoints": [{"checkpoint": path, "iter_num": int|null, "tokenizer": "gpt2"|"byte", "model_args": {...},
+     "tasks": {
+       "lambada":  {"n", "acc", "ppl", "seconds", "examples_per_s"},
+       "blimp":    {"n" (pairs), "n_paradigms", "score", "fields": {field: score},
+                    "paradigms": {UID: {"field", "linguistics_term", "n", "acc"}}, "seconds", "examples_per_s"},
+       "wikitext": {"dataset", "n" (windows), "tokens", "loss" (mean nats/token), "ppl", "seconds",
+                    "examples_per_s"},
+       "val":      {"dataset", "n", "tokens", "loss", "ppl", "seconds", "examples_per_s"}}}]}
+"""
+import argparse
+import math
+import os
+import sys
+import time
+from collections import defaultdict
+
+import torch
+
+from data.blimp import prepare as blimp
+from data.common import DataError, get_tokenizer, load_meta, load_split, write_json
+from data.lambada import prepare as lambada
+from model import load_checkpoint
+
+TASKS = ("lambada", "blimp", "wikitext", "val")
+
+
+def progress(label, done, total, t0):
+    # one self-overwriting line on stderr, so stdout stays a clean table
+    rate = done / max(time.time() - t0, 1e-9)
+    end = "\n" if done == total else ""
+    print(f"\r  {label}: {done}/{total} ({rate:.1f}/s)", end=end, file=sys.stderr, flush=True)
+
+
+@torch.inference_mode()
+def score(model, examples, batch_size, device, label="scoring"):
+    """examples: list of (context_ids, target_ids). Returns, per example, the summed log-prob of the target
+    given the context and whether every target token is the greedy argmax given the true prefix."""
+    block_size = model.config.block_size
+    seqs = []
+    for ctx, tgt in examples:
+        if not ctx or not tgt:
+            raise ValueError("every example needs a non-empty context and target")
+        if len(tgt) > block_size:
+            raise ValueError(f"a target of {len(tgt)} tokens does not fit the model's block_size {block_size}")
+        seqs.append((list(ctx) + list(tgt))[-(block_size + 1):])  # cut the context from the left
+    # longest first, so sequences of similar length share a batch (less padding, and a too-large batch
+    # runs out of memory at the start rather than at the end)
+    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+    logprob, greedy = [0.0] * len(seqs), [False] * len(seqs)
+    t0 = last_report = time.time()
+    for start in range(0, len(order), batch_size):
+        batch = order[start:start + batch_size]
+        T = len(seqs[batch[0]]) - 1
+        # right padding: attention is causal, so pad tokens never change the real positions
+        x = torch.zeros(len(batch), T, dtype=torch.long)
+        y = torch.zeros(len(batch), T, dtype=torch.long)
+        is_target = torch.zeros(len(batch), T, dtype=torch.bool)
+        for row, i in enumerate(batch):
+            n = len(seqs[i]) - 1
+            x[row, :n] = torch.tensor(seqs[i][:-1])
+            y[row, :n] = torch.tensor(seqs[i][1:])
+            is_target[row, n - len(examples[i][1]):n] = True
+        x, y, is_target = x.to(device), y.to(device), is_target.to(device)
+        rows, cols = is_target.nonzero(as_tuple=True)
+        # softmax only where a target is predicted: LAMBADA scores ~2 of ~130 positions
+        logits = model(x, all_logits=True)[0][rows, cols].float()
+        target = y[rows, cols]
+        token_lp = logits.gather(1, target[:, None])[:, 0] - logits.logsumexp(-1)
+        lp = torch.zeros(len(batch), device=device).index_add_(0, rows, token_lp)
+        misses = torch.zeros(len(batch), device=device).index_add_(0, rows, (logits.argmax(-1) != target).float())
+        for i, lp_i, misses_i in zip(batch, lp.tolist(), misses.tolist()):  # one device sync per batch
+            logprob[i], greedy[i] = lp_i, misses_i == 0
+        done = min(start + batch_size, len(seqs))
+        if done == len(seqs) or time.time() - last_report > 1:  # about once a second, not once a batch
+            progress(label, done, len(seqs), t0)
+            last_report = time.time()
+    return logprob, greedy
+
+
+def eval_lambada(model, tok, passages, limit, batch_size, device):
+    examples = []
+    for text in passages[:limit]:
+        context, word = text.rsplit(" ", 1)
+        examples.append((tok.encode(context), tok.encode(" " + word)))
+    logprob, greedy = score(model, examples, batch_size, device, "lambada")
+    return {"n": len(examples), "acc": sum(greedy) / len(greedy),
+            "ppl": math.exp(-sum(logprob) / len(logprob))}
+
+
+def eval_blimp(model, tok, paradigms, limit, batch_size, device):
+    """paradigms: one list of pair dicts per paradigm."""
+    paradigms = [pairs[:limit] for pairs in paradigms]
+    # all sentences of all paradigms in one call, so batches stay full
+    examples = [([tok.eot], tok.encode(" " + pair[key])) for pairs in paradigms
+                for pair in pairs for key in ("sentence_good", "sentence_bad")]
+    logprob, _ = score(model, examples, batch_size, device, "blimp")
+    per_paradigm, by_field, k = {}, defaultdict(list), 0
+    for pairs in paradigms:
+        right = [logprob[k + 2 * j] > logprob[k + 2 * j + 1] for j in range(len(pairs))]
+        k += 2 * len(pairs)
+        first = pairs[0]
+        per_paradigm[first["UID"]] = {"field": first["field"], "linguistics_term": first["linguistics_term"],
+                                      "n": len(pairs), "acc": sum(right) / len(right)}
+        by_field[first["field"]].append(sum(right) / len(right))
+    accs = [p["acc"] for p in per_paradigm.values()]
+    return {"n": len(examples) // 2, "n_paradigms": len(accs), "score": sum(accs) / len(accs),
+            "fields": {f: sum(a) / len(a) for f, a in sorted(by_field.items())}, "paradigms": per_paradigm}
+
+
+def eval_perplexity(model, tokens, limit, batch_size, device, label):
+    n = model.config.block_size
+    starts = list(range(0, len(tokens) - 1, n))[:limit]
+    examples = [([int(tokens[s])], tokens[s + 1:s + n + 1].tolist()) for s in starts]
+    logprob, _ = score(model, examples, batch_size, device, label)
+    count = sum(len(tgt) for _, tgt in examples)
+    loss = -sum(logprob) / count
+    return {"n": len(examples), "tokens": count, "loss": loss, "ppl": math.exp(loss)}
+
+
+def split_tokens(dataset, split, tokenizer, data_dir):
+    folder = os.path.join(data_dir, dataset) if data_dir else None  # None: data/<dataset>/
+    meta = load_meta(dataset, folder)
+    # token ids only mean something under the tokenizer the model was trained with
+    if meta.get("tokenizer") != tokenizer:
+        raise SystemExit(f"error: dataset '{dataset}' is tokenized with '{meta.get('tokenizer')}' but the "
+                         f"checkpoint uses '{tokenizer}'; evaluate it on a dataset prepared with '{tokenizer}'")
+    return load_split(dataset, split, folder)
+
+
+def eval_set_dir(name, module, given):
+    """Folder of an eval set: the one given, else data/<name>/, downloaded first if not complete there."""
+    if given:
+        return given
+    if not os.path.exists(os.path.join(module.HERE, "meta.json")):  # prepare() writes it last
+        print(f"{name}: not prepared yet, downloading it", file=sys.stderr)
+        try:
+            module.prepare()
+        except (DataError, OSError) as e:  # OSError covers the requests errors
+            raise SystemExit(f"error: could not prepare {name}: {e}\nOr run `python data/{name}/prepare.py` on a "
+                             f"machine with internet and copy its data/{name}/ folder to {module.HERE}, "
+                             f"or pass --{name}_dir=DIR") from e
+    return module.HERE
+
+
+def load_eval_sets(args):
+    """LAMBADA passages and BLiMP paradigms (None when not asked for), read before any model loads so that a
+    missing set fails fast."""
+    passages = paradigms = None
+    try:
+        if "lambada" in args.tasks:
+            passages = lambada.load(eval_set_dir("lambada", lambada, args.lambada_dir))
+        if "blimp" in args.tasks:
+            folder = eval_set_dir("blimp", blimp, args.blimp_dir)
+            # every paradigm file in the folder (a folder of a few paradigms works too); name = UID
+            uids = sorted(f[:-len(".jsonl")] for f in os.listdir(folder) if f.endswith(".jsonl"))
+            if not uids:
+                raise DataError(f"no BLiMP paradigm files (<UID>.jsonl) in {folder}")
+            if len(uids) != len(blimp.UIDS):
+                print(f"note: {folder} holds {len(uids)} of BLiMP's {len(blimp.UIDS)} paradigms", file=sys.stderr)
+            paradigms = [blimp.load_paradigm(os.path.join(folder, f"{uid}.jsonl"), uid) for uid in uids]
+    except (DataError, OSError) as e:
+        raise SystemExit(f"error: {e}") from None
+    return passages, paradigms
+
+
+def evaluate(path, args, passages, paradigms):
+    try:
+        model, ckpt = load_checkpoint(path, device=args.device)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"error: {e}") from None
+    tokenizer = ckpt.get("tokenizer", "gpt2")  # nanoGPT checkpoints predate the field and are all GPT-2 BPE
+    tok = get_tokenizer(tokenizer, args.tiktoken_file)
+    if tok.n_vocab > model.config.vocab_size:
+        raise SystemExit(f"error: {path} has {model.config.vocab_size} token embeddings, fewer than the "
+                         f"{tok.n_vocab} ids of its tokenizer '{tokenizer}'; is the 'tokenizer' entry wrong?")
+    result = {"checkpoint": path, "iter_num": ckpt.get("iter_num"), "tokenizer": tokenizer,
+              "model_args": ckpt["model_args"], "tasks": {}}
+    common = dict(limit=args.limit, batch_size=args.batch_size, device=args.device)
+    for task in args.tasks:
+        t0 = time.time()
+        if task == "lambada":
+            r = eval_lambada(model, tok, passages, **common)
+        elif task == "blimp":
+            r = eval_blimp(model, tok, paradigms, **common)
+        else:
+            own = args.dataset or ckpt.get("config", {}).get("dataset")
+            dataset = "wikitext103" if task == "wikitext" else own
+            if not dataset:
+                raise SystemExit(f"error: {path} does not name its dataset; pass --dataset=NAME")
+            tokens = split_tokens(dataset, "test" if task == "wikitext" else "val", tokenizer, args.data_dir)
+            r = {"dataset": dataset, **eval_perplexity(model, tokens, label=task, **common)}
+        r["seconds"] = time.time() - t0
+        r["examples_per_s"] = r["n"] / max(r["seconds"], 1e-9)
+        result["tasks"][task] = r
+    return result
+
+
+def table(results):
+    """One row per metric, one column per checkpoint (every checkpoint ran the same tasks)."""
+    def cells(task, get, spec):
+        return [format(get(r["tasks"][task]), spec) for r in results]
+    tasks = results[0]["tasks"]
+    lines = [["metric"] + [r["checkpoint"] for r in results]]
+    if "lambada" in tasks:
+        lines += [["lambada acc %"] + cells("lambada", lambda t: 100 * t["acc"], ".2f"),
+                  ["lambada ppl"] + cells("lambada", lambda t: t["ppl"], ".2f")]
+    if "blimp" in tasks:
+        lines += [["blimp (mean of paradigms)"] + cells("blimp", lambda t: t["score"], ".4f")]
+        lines += [[f"  blimp {field}"] + cells("blimp", lambda t: t["fields"][field], ".4f")
+                  for field in tasks["blimp"]["fields"]]
+    for task, label in (("wikitext", "wikitext103 test ppl"), ("val", "val ppl")):
+        if task in tasks:
+            lines += [[label] + cells(task, lambda t: t["ppl"], ".2f")]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    return "\n".join(line[0].ljust(widths[0]) + "".join("  " + c.rjust(w) for c, w in zip(line[1:], widths[1:]))
+                     for line in lines)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
+    p.add_argument("checkpoints", nargs="+", help="checkpoint files or run directories (-> their ckpt.pt)")
+    p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated subset of " + ",".join(TASKS))
+    p.add_argument("--limit", type=int, default=None, help="LAMBADA passages, BLiMP pairs per paradigm, windows")
+    p.add_argument("--batch_size", type=int, default=8, help="sequences per forward pass (memory ~ B*T*vocab*8 B)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--json", default=None, help="also write the results to this file")
+    p.add_argument("--lambada_dir", default=None, help=f"folder holding {lambada.FILE} (default data/lambada/)")
+    p.add_argument("--blimp_dir", default=None, help="folder of BLiMP <UID>.jsonl files (default data/blimp/)")
+    p.add_argument("--dataset", default=None, help="dataset for the val task (default: the checkpoint's)")
+    p.add_argument("--data_dir", default=None, help="root of the prepared datasets (default data/)")
+    p.add_argument("--tiktoken_file", default=None, help="GPT-2 .tiktoken ranks file (machines without internet)")
+    args = p.parse_args(argv)
+    args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    unknown = [t for t in args.tasks if t not in TASKS]
+    if unknown or not args.tasks:
+        p.error(f"unknown task(s) {unknown}; choose from {','.join(TASKS)}")
+    if args.limit is not None and args.limit < 1 or args.batch_size < 1:
+        p.error("--limit and --batch_size must be positive")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    passages, paradigms = load_eval_sets(args)
+    results = []
+    for path in args.checkpoints:
+        print(f"{path}:", file=sys.stderr)
+        try:
+            results.append(evaluate(path, args, passages, paradigms))
+        except DataError as e:  # an unprepared data set or no GPT-2 ranks file: the message says what to do
+            raise SystemExit(f"error: {e}") from None
+    print(table(results))
+    if args.json:
+        write_json(args.json, {"args": vars(args), "checkpoints": results})  # atomic: temp file, then rename
+    return results
+
+
+if __name__ == "__main__":
+    main()

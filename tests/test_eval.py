@@ -1,0 +1,266 @@
+"""Tests for eval.py: scoring rules against hand-computed numbers, batching, and the CLI end to end."""
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import eval as ev
+from model import GPT, GPTConfig
+
+L3, L1 = math.log(0.3), math.log(0.1)  # log-probs of the stand-in's favorite / any other token
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Favorite(torch.nn.Module):
+    """Stand-in model over 8 tokens whose next-token distribution the test controls: after token t its
+    favorite fav[t] has probability 0.3 and each other token 0.1 (logit log 3 vs 0: 3/10 and 1/10).
+    anchored=True also shifts the favorite by the window's first token, so the left edge of what the model
+    sees changes every prediction (like a real transformer reading its first token)."""
+
+    def __init__(self, fav, block_size=64, anchored=False):
+        super().__init__()
+        self.fav, self.anchored = torch.tensor(fav), anchored
+        self.config = SimpleNamespace(block_size=block_size, vocab_size=8)
+        self.seen = []  # every input batch, to check what the model was shown
+
+    def forward(self, idx, targets=None, all_logits=False):
+        assert all_logits and targets is None and idx.shape[1] <= self.config.block_size
+        self.seen.append(idx.clone())
+        fav = self.fav[idx]
+        if self.anchored:
+            fav = (fav + idx[:, :1]) % 8
+        logits = torch.zeros(*idx.shape, 8).scatter_(-1, fav[..., None], math.log(3))
+        return logits, None
+
+
+class CharTok:
+    """Tokenizer for the stand-in: ' ' a b c d e f -> 0..6, end-of-text 7."""
+    chars, eot, n_vocab = " abcdef", 7, 8
+
+    def encode(self, s):
+        return [self.chars.index(c) for c in s]
+
+
+NEXT = [1, 2, 3, 4, 5, 6, 0, 0]  # ' '->a, a->b, ..., e->f, f->' ', EOT->' '
+
+
+def write_jsonl(path, rows):
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+def test_lambada_rule():
+    passages = ["ef abc",     # every target token greedy: ' ' a b c
+                "ef abd",     # right except the last token (after b the favorite is c)
+                "e fa abc"]   # split at the LAST space; the first target token is wrong
+    model = Favorite(NEXT)
+    r = ev.eval_lambada(model, CharTok(), passages, limit=None, batch_size=2, device="cpu")
+    assert r["n"] == 3 and r["acc"] == pytest.approx(1 / 3)
+    summed = [4 * L3, 3 * L3 + L1, L1 + 3 * L3]
+    assert r["ppl"] == pytest.approx(math.exp(-sum(summed) / 3))
+    shown = [row.tolist() for batch in model.seen for row in batch]
+    assert [5, 0, 6, 1, 0, 1, 2] in shown  # "e fa abc" without its last token, unpadded (the longest)
+    assert ev.eval_lambada(Favorite(NEXT), CharTok(), passages, 1, 2, "cpu")["n"] == 1  # --limit
+
+
+def test_truncation_from_the_left():
+    model = Favorite(NEXT, block_size=4, anchored=True)
+    # 6 tokens -> the model may see only the last 4 inputs [0,1,2,3]: first token 0, no shift: both right.
+    # Had the context been cut elsewhere (first token 3), every favorite would move by 3 and both miss.
+    lp, ok = ev.score(model, [([3, 0, 1, 2], [3, 4])], batch_size=1, device="cpu")
+    assert model.seen[0].tolist() == [[0, 1, 2, 3]]
+    assert lp == [pytest.approx(2 * L3)] and ok == [True]
+    # exactly block_size inputs: nothing is cut, the first token 5 shifts the favorites and both miss
+    lp, ok = ev.score(model, [([5, 0, 1], [2, 3])], batch_size=1, device="cpu")
+    assert model.seen[1].tolist() == [[5, 0, 1, 2]]
+    assert lp == [pytest.approx(2 * L1)] and ok == [False]
+    with pytest.raises(ValueError, match="block_size"):
+        ev.score(model, [([1], [1, 2, 3, 4, 5])], batch_size=1, device="cpu")
+
+
+def test_blimp_rule():
+    # anchored: after EOT at the window start every favorite is the token itself (fav + 1 + 7 = t mod 8).
+    # " aa" -> P(' '|EOT) .1, P(a|' ') .1, P(a|a) .3;  " ab", " ac" -> .1 .1 .1.  Without the EOT in front
+    # the favorites would be NEXT and " ab" would beat " aa".
+    def pairs(field, *sentences):
+        return [{"sentence_good": g, "sentence_bad": b, "field": field, "linguistics_term": "term",
+                 "UID": f"p_{field}_{len(sentences)}", "pairID": str(i)} for i, (g, b) in enumerate(sentences)]
+    paradigms = [pairs("syntax", ("aa", "ab"), ("ab", "aa")),                 # right, wrong -> 0.5
+                 pairs("syntax", ("aa", "ab"), ("aa", "ac"), ("aa", "ab")),   # 1.0
+                 pairs("morphology", ("ab", "ac"))]                           # a tie counts as wrong -> 0.0
+    model = Favorite(NEXT, anchored=True)
+    r = ev.eval_blimp(model, CharTok(), paradigms, limit=None, batch_size=3, device="cpu")
+    assert all(row[0] == 7 for batch in model.seen for row in batch.tolist())
+    assert r["n"] == 6 and r["n_paradigms"] == 3
+    assert r["score"] == pytest.approx((0.5 + 1.0 + 0.0) / 3)  # mean over paradigms, not over pairs (4/6)
+    assert r["fields"] == pytest.approx({"morphology": 0.0, "syntax": 0.75})
+    assert r["paradigms"]["p_syntax_2"] == {"field": "syntax", "linguistics_term": "term", "n": 2, "acc": 0.5}
+    assert ev.eval_blimp(model, CharTok(), paradigms, 1, 3, "cpu")["paradigms"]["p_syntax_3"]["n"] == 1  # --limit
+
+
+def naive_score(model, ctx, tgt):
+    """One example, no batching: each target token's log-prob and argmax from the full-vocab softmax."""
+    seq = (ctx + tgt)[-(model.config.block_size + 1):]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([seq[:-1]]), all_logits=True)[0][0].double(), -1)
+    first = len(seq) - 1 - len(tgt)
+    lp = sum(logp[first + j, t].item() for j, t in enumerate(tgt))
+    return lp, all(logp[first + j].argmax().item() == t for j, t in enumerate(tgt))
+
+
+@pytest.mark.parametrize("variant", [{}, dict(norm="dyt", pos="rope", attn="diff", mlp="swiglu")])
+def test_batched_equals_one_at_a_time(variant):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32, **variant)).eval()
+    g = torch.Generator().manual_seed(1)
+    examples = []
+    for n_ctx, n_tgt in [(1, 1), (3, 4), (20, 2), (7, 1), (15, 16), (2, 5), (9, 3)]:  # some are cut
+        examples.append((torch.randint(0, 64, (n_ctx,), generator=g).tolist(),
+                         torch.randint(0, 64, (n_tgt,), generator=g).tolist()))
+    # two targets that are the model's own greedy continuation (fitting in one window, as generate() saw
+    # them), so the all-greedy flag must be True for them
+    for ctx in ([5, 6, 7], list(range(14))):
+        out = model.generate(torch.tensor([ctx]), 3, temperature=0)[0].tolist()
+        examples.append((ctx, out[len(ctx):]))
+    lp, ok = ev.score(model, examples, batch_size=4, device="cpu")
+    expected = [naive_score(model, c, t) for c, t in examples]
+    assert lp == pytest.approx([e[0] for e in expected], abs=1e-4)
+    assert ok == [e[1] for e in expected] and ok[-2:] == [True, True]
+
+
+def tiny_checkpoint(path, seed, dataset):
+    torch.manual_seed(seed)
+    cfg = GPTConfig(block_size=64, vocab_size=320, n_layer=2, n_head=2, n_embd=32)
+    model = GPT(cfg)
+    torch.save({"model": model.state_dict(), "optimizer": {}, "model_args": dataclasses.asdict(cfg),
+                "config": {"dataset": dataset}, "iter_num": 10 * seed, "best_val_loss": 5.0, "best_iter": 0,
+                "tokenizer": "byte"}, path)
+    return model
+
+
+def write_dataset(root, name, split, tokens, tokenizer="byte"):
+    os.makedirs(root / name, exist_ok=True)
+    np.asarray(tokens, dtype=np.uint16).tofile(root / name / f"{split}.bin")
+    with open(root / name / "meta.json", "w") as f:
+        json.dump({"tokenizer": tokenizer, "vocab_size": 257, "train_tokens": 0}, f)
+
+
+def test_cli_end_to_end(tmp_path):
+    models = [tiny_checkpoint(tmp_path / f"ckpt{s}.pt", s, "tiny") for s in (1, 2)]
+    write_jsonl(tmp_path / "lambada_test.jsonl", [
+        {"text": "The old man looked at the sea for a long time. He knew the fish was still there, deep below "
+                 "the boat. He waited with the line in his hands until the sun went down, and then he spoke to "
+                 "the fish"},
+        {"text": "She opened the letter slowly. It was from her brother, who had left the village years ago. "
+                 "He wrote that he would come home in spring, and she read the letter again and again"},
+        {"text": "Short one"}])
+    blimp = tmp_path / "blimp"
+    os.makedirs(blimp)
+    for uid, field, good, bad in [("anaphor_gender_agreement", "morphology", "Katherine can't help herself.",
+                                   "Katherine can't help himself."),
+                                  ("adjunct_island", "syntax", "Who should Derek hug after shocking Richard?",
+                                   "Who should Derek hug Richard after shocking?"),
+                                  ("existential_there_quantifiers_1", "semantics", "There was a cat.",
+                                   "There was every cat.")]:
+        write_jsonl(blimp / f"{uid}.jsonl", [{"sentence_good": good, "sentence_bad": bad, "field": field,
+                                              "linguistics_term": "term", "UID": uid, "pairID": str(i)}
+                                             for i in range(2)])
+    val = torch.randint(0, 256, (200,), generator=torch.Generator().manual_seed(3)).tolist()
+    write_dataset(tmp_path, "tiny", "val", val)
+    write_dataset(tmp_path, "wikitext103", "test", val[:100])
+    out = tmp_path / "results.json"
+    proc = subprocess.run([sys.executable, "eval.py", str(tmp_path / "ckpt1.pt"), str(tmp_path / "ckpt2.pt"),
+                           "--tasks=lambada,blimp,wikitext,val", "--batch_size=2", "--device=cpu",
+                           f"--lambada_dir={tmp_path}", f"--blimp_dir={blimp}",
+                           f"--data_dir={tmp_path}", f"--json={out}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "ckpt1.pt" in proc.stdout and "ckpt2.pt" in proc.stdout and "blimp morphology" in proc.stdout
+    assert "3 of BLiMP's 67 paradigms" in proc.stderr
+    doc = json.loads(out.read_text())
+    assert set(doc["args"]) >= {"tasks", "limit", "batch_size", "device"}
+    assert [c["iter_num"] for c in doc["checkpoints"]] == [10, 20]
+    for model, res in zip(models, doc["checkpoints"]):
+        assert res["tokenizer"] == "byte" and res["model_args"]["n_embd"] == 32
+        t = res["tasks"]
+        assert t["lambada"]["n"] == 3 and 0 <= t["lambada"]["acc"] <= 1
+        assert set(t["blimp"]["fields"]) == {"morphology", "syntax", "semantics"}
+        assert t["blimp"]["n"] == 6 and t["blimp"]["paradigms"]["adjunct_island"]["n"] == 2
+        assert all(t[k]["examples_per_s"] > 0 and t[k]["seconds"] >= 0 for k in ev.TASKS)
+        # val perplexity against the model's own loss: windows of 64 predicted tokens, each token once
+        nll = 0.0
+        for s in range(0, 199, 64):
+            x, y = torch.tensor([val[s:s + 64]]), torch.tensor([val[s + 1:s + 65]])
+            n = y.shape[1]
+            nll += model(x[:, :n], y)[1].item() * n
+        assert t["val"]["tokens"] == 199 and t["val"]["dataset"] == "tiny"
+        assert t["val"]["ppl"] == pytest.approx(math.exp(nll / 199), rel=1e-4)
+        assert t["wikitext"]["tokens"] == 99
+        # LAMBADA perplexity: exp(-mean summed log-prob), each passage's target scored on its own
+        tok_ids = lambda s: list(s.encode())
+        passages = [json.loads(line)["text"] for line in open(tmp_path / "lambada_test.jsonl")]
+        summed = [naive_score(model, tok_ids(p.rsplit(" ", 1)[0]), tok_ids(" " + p.rsplit(" ", 1)[1]))[0]
+                  for p in passages]
+        assert t["lambada"]["ppl"] == pytest.approx(math.exp(-sum(summed) / 3), rel=1e-4)
+
+
+def test_bad_input_errors(tmp_path, capsys, monkeypatch):
+    with pytest.raises(SystemExit):
+        ev.parse_args(["x.pt", "--bogus=1"])
+    assert "unrecognized arguments: --bogus=1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ev.parse_args(["x.pt", "--tasks=lambada,hellaswag"])
+    assert "hellaswag" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="no checkpoint at"):
+        ev.main([str(tmp_path / "missing.pt"), "--tasks=val"])
+    with pytest.raises(SystemExit, match="lambada_test.jsonl not found"):
+        ev.main([str(tmp_path / "missing.pt"), f"--lambada_dir={tmp_path}"])
+    with pytest.raises(SystemExit, match="no BLiMP paradigm files"):
+        ev.main([str(tmp_path / "missing.pt"), f"--blimp_dir={tmp_path}", "--tasks=blimp"])
+
+    def offline(out_dir=None):  # prepare() as it fails without internet
+        raise ev.DataError("could not download lambada_test.jsonl")
+    monkeypatch.setattr(ev.lambada, "HERE", str(tmp_path / "absent"))
+    monkeypatch.setattr(ev.lambada, "prepare", offline)
+    with pytest.raises(SystemExit, match=r"python data/lambada/prepare.py.*--lambada_dir"):
+        ev.main([str(tmp_path / "missing.pt"), "--tasks=lambada"])
+    tiny_checkpoint(tmp_path / "byte.pt", 1, "bpe_set")
+    with pytest.raises(SystemExit, match=r"python data/wikitext103/prepare.py"):  # not prepared
+        ev.main([str(tmp_path / "byte.pt"), "--tasks=wikitext", f"--data_dir={tmp_path}"])
+    # a byte-level model cannot read GPT-2 token ids
+    write_dataset(tmp_path, "bpe_set", "val", range(100), tokenizer="gpt2")
+    with pytest.raises(SystemExit, match="tokenized with 'gpt2' but the checkpoint uses 'byte'"):
+        ev.main([str(tmp_path / "byte.pt"), "--tasks=val", f"--data_dir={tmp_path}"])
+
+
+RANKS = os.path.join(REPO, "..", "shared", "data", "gpt2.tiktoken")
+
+
+@pytest.mark.skipif(not os.path.exists(RANKS), reason="needs ../shared/data/gpt2.tiktoken")
+def test_gpt2_tokenizer_from_ranks_file(tmp_path):
+    import tiktoken
+    import tiktoken.load
+    from tiktoken_ext.openai_public import r50k_pat_str
+    torch.manual_seed(0)
+    cfg = GPTConfig(block_size=32, n_layer=1, n_head=2, n_embd=16)  # GPT-2 vocabulary 50304
+    model = GPT(cfg)
+    torch.save({"model": model.state_dict(), "model_args": dataclasses.asdict(cfg), "tokenizer": "gpt2",
+                "config": {"dataset": "wikitext103"}, "iter_num": 0}, tmp_path / "ckpt.pt")
+    passages = ["He looked at the old boat and said that it would never sail again, not even for Santiago",
+                "Alice opened the door"]
+    write_jsonl(tmp_path / "lambada_test.jsonl", [{"text": p} for p in passages])
+    (r,) = ev.main([str(tmp_path / "ckpt.pt"), "--tasks=lambada", f"--lambada_dir={tmp_path}",
+                    f"--tiktoken_file={RANKS}", "--device=cpu"])
+    enc = tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, special_tokens={"<|endoftext|>": 50256},
+                            mergeable_ranks=tiktoken.load.load_tiktoken_bpe(RANKS))
+    assert enc.encode_ordinary("Hello world") == [15496, 995]  # SPEC 7: really GPT-2's ids
+    split = [p.rsplit(" ", 1) for p in passages]  # context and " " + last word are encoded separately
+    summed = [naive_score(model, enc.encode_ordinary(c), enc.encode_ordinary(" " + w))[0] for c, w in split]
+    assert r["tasks"]["lambada"]["ppl"] == pytest.approx(math.exp(-sum(summed) / 2), rel=1e-4)
