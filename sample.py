@@ -1,0 +1,73 @@
+"""
+Sample from a trained model (any variant), decoding with the tokenizer the run was trained with.
+
+  python sample.py --out_dir=out --start="def " --num_samples=3 --max_new_tokens=200
+  python sample.py --out_dir=out/gpt2_64m_dyt --ckpt=best --start=FILE:prompt.txt --temperature=0.7
+"""
+import os
+import sys
+from contextlib import nullcontext
+
+import torch
+
+from configurator import configure, plain_globals
+from data.common import DataError, get_tokenizer
+from model import load_checkpoint
+
+# -----------------------------------------------------------------------------------------------------------
+init_from = 'resume'  # nanoGPT's key; only 'resume' (a train.py run directory) is supported
+out_dir = 'out'
+ckpt = 'latest'  # 'latest' (ckpt.pt), 'best' (best.pt), or the path of a checkpoint file
+start = '\n'  # the prompt, or "FILE:path" to read it from a file
+num_samples = 3
+max_new_tokens = 200
+temperature = 0.8  # 1.0 = the model's distribution, lower = more conservative, 0 = greedy
+top_k = 200  # keep only the top_k most likely tokens; None = all
+seed = 1337
+device = None  # None = 'cuda' if available, else 'cpu'
+dtype = None  # None = bfloat16 on CUDA when supported, else float32
+compile = False
+tiktoken_file = None  # GPT-2 .tiktoken ranks file for offline machines
+# -----------------------------------------------------------------------------------------------------------
+DEFAULTS = plain_globals(globals())
+
+
+def main(argv):
+    cfg = configure(DEFAULTS, argv, dict(top_k=int, device=str, dtype=str, tiktoken_file=str))
+    if cfg['init_from'] != 'resume':
+        raise SystemExit("error: init_from must be 'resume' (sample from a train.py run); "
+                         "pretrained GPT-2 weights are not supported")
+    path = {'latest': os.path.join(cfg['out_dir'], 'ckpt.pt'),
+            'best': os.path.join(cfg['out_dir'], 'best.pt')}.get(cfg['ckpt'], cfg['ckpt'])
+    device = cfg['device'] or ('cuda' if torch.cuda.is_available() else 'cpu')
+    dtype = cfg['dtype'] or ('bfloat16' if device.startswith('cuda') and torch.cuda.is_bf16_supported() else 'float32')
+    torch.manual_seed(cfg['seed'])
+    try:
+        model, checkpoint = load_checkpoint(path, device)
+        tiktoken_file = cfg['tiktoken_file'] or checkpoint.get('config', {}).get('tiktoken_file')  # the run's own
+        tok = get_tokenizer(checkpoint.get('tokenizer', 'gpt2'), tiktoken_file)
+    except (FileNotFoundError, ValueError, DataError) as e:
+        raise SystemExit(f'error: {e}') from None
+    if cfg['compile']:
+        model = torch.compile(model)
+    ctx = nullcontext() if dtype == 'float32' else torch.autocast(device.split(':')[0], dtype=getattr(torch, dtype))
+
+    start = cfg['start']
+    if start.startswith('FILE:'):
+        with open(start[5:], encoding='utf-8') as f:
+            start = f.read()
+    ids = tok.encode(start) or [tok.eot]  # an empty prompt starts from end-of-text
+    if max(ids) >= model.config.vocab_size:
+        raise SystemExit(f"error: the prompt has token id {max(ids)}, outside the model's vocabulary "
+                         f"({model.config.vocab_size}); is the checkpoint's tokenizer ({tok.name}) the data's?")
+    x = torch.tensor(ids, dtype=torch.long, device=device)[None, -model.config.block_size:]
+    with torch.no_grad(), ctx:
+        for _ in range(cfg['num_samples']):
+            y = model.generate(x, cfg['max_new_tokens'], temperature=cfg['temperature'], top_k=cfg['top_k'])
+            # ids past the tokenizer's vocabulary are padding rows of the embedding: never real text
+            print(tok.decode([i for i in y[0].tolist() if i < tok.n_vocab]))
+            print('---------------')
+
+
+if __name__ == '__main__':
+    main(sys.argv[1:])

@@ -1,0 +1,230 @@
+"""train.py and sample.py on tiny models and a tiny synthetic dataset written to a temporary folder."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import train
+from configurator import configure
+from model import load_checkpoint
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=4', '--eval_iters=2',
+        '--log_interval=1', '--learning_rate=1e-2', '--warmup_iters=2', '--lr_decay_iters=40', '--min_lr=1e-3']
+
+
+@pytest.fixture(scope='module', autouse=True)
+def one_thread():
+    """Tiny models gain nothing from threads, and oversubscribed cores make them slow."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+    """A learnable token stream: next token = perm[token] most of the time (vocabulary 60, padded to 64)."""
+    d = tmp_path_factory.mktemp('tinydata')
+    rng = np.random.default_rng(0)
+    perm = rng.permutation(60)
+    tokens = [0]
+    for _ in range(30_000):
+        tokens.append(perm[tokens[-1]] if rng.random() < 0.9 else rng.integers(60))
+    tokens = np.array(tokens, dtype=np.uint16)
+    tokens[:25_000].tofile(d / 'train.bin')
+    tokens[25_000:].tofile(d / 'val.bin')
+    (d / 'meta.json').write_text(json.dumps({'tokenizer': 'byte', 'vocab_size': 60, 'train_tokens': 25_000}))
+    return str(d)
+
+
+def run(data_dir, out_dir, *args):
+    return train.main(['--dataset=tiny', f'--data_dir={data_dir}', f'--out_dir={out_dir}', *TINY, *args])
+
+
+def records(out_dir, event):
+    with open(os.path.join(out_dir, 'log.jsonl')) as f:
+        return [r for r in map(json.loads, f) if r['event'] == event]
+
+
+def test_lr_schedule_warmup_then_cosine():
+    cfg = train.SimpleNamespace(decay_lr=True, learning_rate=1.0, min_lr=0.1, warmup_iters=4, lr_decay_iters=14)
+    assert train.get_lr(0, cfg) == pytest.approx(1 / 5)  # (it + 1) / (warmup + 1): never 0
+    assert train.get_lr(3, cfg) == pytest.approx(4 / 5)
+    assert train.get_lr(4, cfg) == pytest.approx(1.0)
+    assert train.get_lr(9, cfg) == pytest.approx(0.1 + 0.9 * 0.5)  # half way: cos(pi/2) = 0
+    assert train.get_lr(14, cfg) == pytest.approx(0.1)
+    assert train.get_lr(100, cfg) == pytest.approx(0.1)
+    cfg.decay_lr = False
+    assert train.get_lr(0, cfg) == train.get_lr(100, cfg) == 1.0
+
+
+def test_windows_stay_inside_the_budget():
+    n, T = 40, 16
+    starts = torch.cat([train.train_windows(1337, it, n, T, 64) for it in range(200)])
+    assert starts.min() >= 0 and starts.max() == n - T - 1  # the last target is token n-1, and it is reached
+    data = np.arange(1000, dtype=np.uint16)  # token value = position
+    x, y = train.get_batch(data, starts, T, 'cpu')
+    assert y.max().item() == n - 1 and x.max().item() == n - 2
+    # the windows of a step depend on (seed, step) only
+    assert torch.equal(train.train_windows(7, 3, 500, T, 8), train.train_windows(7, 3, 500, T, 8))
+    assert not torch.equal(train.train_windows(7, 3, 500, T, 8), train.train_windows(7, 4, 500, T, 8))
+
+
+def test_configure_order_and_errors(tmp_path):
+    defaults = {'lr': 1.0, 'n': 2, 'name': 'a', 'flag': False, 'opt': None}
+    conf = tmp_path / 'c.py'
+    conf.write_text("import math\n_helper = 3\nn = 5\nname = 'b'\n")
+    cfg = configure(defaults, [str(conf), '--lr=3', '--opt=7', '--name=c'], {'opt': int})
+    assert cfg == {'lr': 3.0, 'n': 5, 'name': 'c', 'flag': False, 'opt': 7} and type(cfg['lr']) is float
+    with pytest.raises(SystemExit, match="unknown config key 'nn'.*did you mean n"):
+        configure(defaults, ['--nn=3'])
+    with pytest.raises(SystemExit, match="'n' .* must be int"):
+        configure(defaults, ['--n=2.5'])
+    with pytest.raises(SystemExit, match="'flag' .* must be bool"):
+        configure(defaults, ['--flag=1'])
+    with pytest.raises(SystemExit, match="'opt' .* must be int or None"):
+        configure(defaults, ['--opt=abc'], {'opt': int})
+    conf.write_text("lrr = 0.1\n")
+    with pytest.raises(SystemExit, match="unknown config key 'lrr' \\(from .*c.py\\).*lr"):
+        configure(defaults, [str(conf)])
+
+
+def test_train_config_errors(data_dir, tmp_path):
+    with pytest.raises(SystemExit, match="unknown config key 'learning_rat'.*learning_rate"):
+        run(data_dir, tmp_path / 'o', '--learning_rat=1e-3')
+    with pytest.raises(SystemExit, match="'max_iters' .* must be int"):
+        run(data_dir, tmp_path / 'o', '--max_iters=1e3')
+    with pytest.raises(SystemExit, match="'norm' .* must be str"):
+        run(data_dir, tmp_path / 'o', '--norm=2')
+    empty = tmp_path / 'empty'
+    empty.mkdir()
+    with pytest.raises(SystemExit, match='python data/nodata/prepare.py'):
+        train.main(['--dataset=nodata', f'--data_dir={empty}', f'--out_dir={tmp_path / "o"}'])
+    with pytest.raises(SystemExit, match='train_tokens=10 must be between'):
+        run(data_dir, tmp_path / 'o', '--train_tokens=10')
+
+
+def test_tiny_run_learns_and_records_everything(data_dir, tmp_path):
+    out = str(tmp_path / 'run')
+    assert run(data_dir, out, '--max_iters=40', '--eval_interval=20', '--norm=dyt', '--dyt_alpha=2.0',
+               '--train_tokens=20000') == 0
+    evals = records(out, 'eval')
+    assert [r['iter'] for r in evals] == [0, 20, 40]
+    assert evals[-1]['val_loss'] < evals[0]['val_loss'] - 1.0  # ln(64) ~ 4.16 at the start
+    assert evals[-1]['train_loss'] < evals[0]['train_loss'] - 1.0
+    for key in ('train_loss', 'val_loss', 'lr', 'tokens', 'epochs', 'saturation', 'norm_layers'):
+        assert key in evals[-1]
+    assert len(evals[-1]['saturation']) == 6 and 0 < evals[-1]['saturation'][0] <= 1
+    layers = evals[-1]['norm_layers']
+    assert len(layers) == 5 and all(s['alpha'] is not None for s in layers.values())
+    steps = records(out, 'step')
+    assert [r['iter'] for r in steps] == list(range(40))
+    for key in ('loss', 'lr', 'grad_norm', 'tokens', 'epochs', 'tokens_per_sec', 'mfu'):
+        assert key in steps[-1]
+    assert steps[-1]['tokens'] == 40 * 4 * 16 and steps[-1]['epochs'] == pytest.approx(40 * 64 / 20000)
+    summary = json.load(open(os.path.join(out, 'summary.json')))
+    assert summary['final_iter'] == 40 and summary['final_val_loss'] == evals[-1]['val_loss']
+    assert summary['best_val_loss'] == min(r['val_loss'] for r in evals)
+    assert summary['best_iter'] == min(evals, key=lambda r: r['val_loss'])['iter']
+    assert summary['final_train_loss'] == evals[-1]['train_loss']
+    assert summary['tokens'] == 40 * 64 and summary['diverged'] is False and summary['wall_time_s'] > 0
+    assert set(summary['alphas']) == set(layers) and len(summary['saturation_layers']) == 5
+    assert summary['config']['train_tokens'] == 20000 and summary['n_params'] > 0
+    assert json.load(open(os.path.join(out, 'config.json')))['norm'] == 'dyt'
+    for name in ('ckpt.pt', 'best.pt'):
+        ckpt = torch.load(os.path.join(out, name), weights_only=True)
+        for key in ('model', 'optimizer', 'model_args', 'config', 'iter_num', 'best_val_loss', 'best_iter',
+                    'tokenizer', 'sampler'):
+            assert key in ckpt
+    assert torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)['iter_num'] == 40
+    # sample.py decodes a checkpoint with the run's tokenizer
+    proc = subprocess.run([sys.executable, 'sample.py', f'--out_dir={out}', '--ckpt=best', '--num_samples=2',
+                           '--max_new_tokens=5', '--start=!#'], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count('---------------') == 2 and proc.stdout.startswith('!#')
+
+
+def test_resume_is_exact(data_dir, tmp_path):
+    common = ['--dropout=0.1', '--eval_interval=4', '--norm=rmsnorm']  # dropout: its RNG must resume too
+    full, part = str(tmp_path / 'full'), str(tmp_path / 'part')
+    run(data_dir, full, '--max_iters=16', *common)
+    run(data_dir, part, '--max_iters=8', *common)
+    with open(os.path.join(part, 'log.jsonl'), 'a') as f:  # lines of a crashed run after its last checkpoint
+        f.write(json.dumps({'event': 'step', 'iter': 9, 'loss': 1.0}) + '\n{"event": "st')
+    with pytest.raises(SystemExit, match=r'architecture.*n_layer \(checkpoint 2, config 3\)'):
+        run(data_dir, part, '--max_iters=16', '--init_from=resume', '--n_layer=3', *common)
+    run(data_dir, part, '--max_iters=16', '--init_from=resume', *common)
+
+    with open(os.path.join(full, 'log.jsonl')) as f, open(os.path.join(part, 'log.jsonl')) as g:
+        a, b = [json.loads(line) for line in f], [json.loads(line) for line in g]
+    assert [(r['event'], r['iter']) for r in a] == [(r['event'], r['iter']) for r in b]  # nothing lost or doubled
+    assert [r.get('loss', r.get('val_loss')) for r in a] == [r.get('loss', r.get('val_loss')) for r in b]
+    wa = torch.load(os.path.join(full, 'ckpt.pt'), weights_only=True)
+    wb = torch.load(os.path.join(part, 'ckpt.pt'), weights_only=True)
+    assert wa['iter_num'] == wb['iter_num'] == 16
+    for k in wa['model']:
+        assert torch.equal(wa['model'][k], wb['model'][k]), k
+
+
+@pytest.mark.parametrize('fsdp', [False, True])
+def test_torchrun_two_processes_match_one(data_dir, tmp_path, fsdp):
+    args = ['--dataset=tiny', f'--data_dir={data_dir}', *TINY, '--gradient_accumulation_steps=2',
+            '--max_iters=6', '--eval_interval=3', '--norm=dyt', '--dyt_alpha=2.0', f'--fsdp={fsdp}']
+    one, two = str(tmp_path / 'one'), str(tmp_path / 'two')
+    train.main(args + [f'--out_dir={one}'])
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    proc = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+                           'train.py', *args, f'--out_dir={two}'], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert 'global batch: 8 sequences' in proc.stdout
+    for event, key in (('step', 'loss'), ('eval', 'val_loss'), ('eval', 'train_loss')):
+        a, b = records(one, event), records(two, event)
+        assert len(a) == len(b) > 0
+        assert [r[key] for r in a] == pytest.approx([r[key] for r in b], abs=1e-5)
+    sat1, sat2 = records(one, 'eval')[-1]['saturation'], records(two, 'eval')[-1]['saturation']
+    assert sat1 == pytest.approx(sat2, abs=1e-6)
+    alphas1, alphas2 = (json.load(open(os.path.join(d, 'summary.json')))['alphas'] for d in (one, two))
+    assert alphas1 == pytest.approx(alphas2, abs=1e-6)
+    w1, w2 = (torch.load(os.path.join(d, 'ckpt.pt'), weights_only=True)['model'] for d in (one, two))
+    assert w1.keys() == w2.keys() and all(torch.allclose(w1[k], w2[k], atol=1e-5) for k in w1)
+
+
+def test_divergence_stops_cleanly(data_dir, tmp_path):
+    out = str(tmp_path / 'div')
+    rc = run(data_dir, out, '--learning_rate=1e6', '--decay_lr=False', '--grad_clip=0.0', '--max_iters=50',
+             '--eval_interval=5')
+    assert rc == 3
+    summary = json.load(open(os.path.join(out, 'summary.json')))
+    assert summary['diverged'] is True and 'non-finite' in summary['diverged_reason']
+    div = records(out, 'diverged')
+    assert len(div) == 1 and div[0]['diverged'] is True and div[0]['iter'] == summary['diverged_iter'] < 50
+    model, ckpt = load_checkpoint(os.path.join(out, 'ckpt.pt'))  # the last good one
+    assert ckpt['iter_num'] == 0 < summary['diverged_iter']
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    # the optional spike rule: any loss above half the best smoothed loss counts as a spike here
+    out2 = str(tmp_path / 'spike')
+    assert run(data_dir, out2, '--max_iters=5', '--eval_interval=5', '--spike_factor=0.5') == 3
+    assert 'spike' in json.load(open(os.path.join(out2, 'summary.json')))['diverged_reason']
+
+
+def test_crash_while_checkpointing_keeps_previous(data_dir, tmp_path, monkeypatch):
+    out = str(tmp_path / 'crash')
+    run(data_dir, out, '--max_iters=4', '--eval_interval=4')
+    before = open(os.path.join(out, 'ckpt.pt'), 'rb').read()
+
+    def broken_save(obj, f):
+        f.write(b'PK\x03\x04 half a checkpoint')
+        raise OSError('disk full')
+    monkeypatch.setattr(torch, 'save', broken_save)
+    with pytest.raises(OSError, match='disk full'):
+        run(data_dir, out, '--max_iters=8', '--eval_interval=4', '--init_from=resume')
+    assert open(os.path.join(out, 'ckpt.pt'), 'rb').read() == before
+    assert torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)['iter_num'] == 4
+    assert sorted(os.listdir(out)) == ['best.pt', 'ckpt.pt', 'config.json', 'log.jsonl', 'summary.json']
