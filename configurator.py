@@ -15,8 +15,8 @@ PLAIN = (int, float, bool, str, type(None))
 
 
 def plain_globals(namespace):
-    """The config keys of a script: its public module globals of plain types (defaults block at the top)."""
-    return {k: v for k, v in namespace.items() if not k.startswith('_') and isinstance(v, PLAIN)}
+    """The config keys of a script: its public module globals of plain types, less UPPER_CASE constants."""
+    return {k: v for k, v in namespace.items() if not k.startswith('_') and not k.isupper() and isinstance(v, PLAIN)}
 
 
 def configure(defaults, argv, optional_types=None):

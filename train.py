@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import configure, plain_globals
-from data.common import DATA_DIR, DataError, load_meta, load_split
+from data.common import DATA_DIR, DataError, atomic_write, load_meta, load_split, write_json
 from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------------------------------------
@@ -126,30 +126,6 @@ def get_batch(data, starts, block_size, device):
     if 'cuda' in str(device):
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x.to(device), y.to(device)
-
-
-def atomic_write(path, write):
-    """write(f) into a temporary file beside path, fsync, rename over path, fsync the folder: a crash leaves
-    either the old file or the new one, never a half-written one."""
-    tmp = f'{path}.tmp{os.getpid()}'
-    try:
-        with open(tmp, 'wb') as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_json(path, obj):
-    atomic_write(path, lambda f: f.write((json.dumps(obj, indent=2) + '\n').encode()))
 
 
 def read_log(path, keep):

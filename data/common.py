@@ -280,22 +280,18 @@ def tokenize_to_file(tok, chunks, path, num_threads=None, batch=16):
 def write_tokens(path, arrays):
     """Write token ids (an iterable of int sequences, concatenated) to `path` as flat uint16, atomically;
     returns the number of tokens."""
-    tmp, n = path + ".part", 0
-    try:
-        with open(tmp, "wb") as f:
-            for a in arrays:
-                a = np.asarray(a, dtype=np.int64)
-                if a.size and (a.min() < 0 or a.max() >= 2 ** 16):
-                    raise DataError(f"token id {a.max() if a.max() >= 2 ** 16 else a.min()} does not fit in "
-                                    f"uint16 ({path}); this format needs a vocabulary below 65536")
-                a.astype(np.uint16).tofile(f)
-                n += a.size
-        os.replace(tmp, path)
-    except OSError as e:
-        raise DataError(f"cannot write {path}: {e}. Free some disk space or choose a writable folder.") from e
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    n = 0
+
+    def write(f):
+        nonlocal n
+        for a in arrays:
+            a = np.asarray(a, dtype=np.int64)
+            if a.size and (a.min() < 0 or a.max() >= 2 ** 16):
+                raise DataError(f"token id {a.max() if a.max() >= 2 ** 16 else a.min()} does not fit in "
+                                f"uint16 ({path}); this format needs a vocabulary below 65536")
+            a.astype(np.uint16).tofile(f)
+            n += a.size
+    atomic_write(path, write)
     return n
 
 
@@ -330,18 +326,31 @@ def load_meta(dataset, data_dir=None):
                         f"Rebuild with: python data/{dataset}/prepare.py --force") from e
 
 
-def write_json(path, obj):
-    """Write `obj` as JSON to `path` atomically."""
-    tmp = path + ".part"
+def atomic_write(path, write):
+    """write(f) into a temporary file beside `path`, fsync, rename over `path`, fsync the folder: a crash
+    leaves the old file or the new one, never half of one."""
+    tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=2)
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     except OSError as e:
         raise DataError(f"cannot write {path}: {e}. Free some disk space or choose a writable folder.") from e
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def write_json(path, obj):
+    """Write `obj` as JSON to `path` atomically."""
+    atomic_write(path, lambda f: f.write((json.dumps(obj, indent=2) + "\n").encode()))
 
 
 def finished(out_dir, force):

@@ -11,6 +11,7 @@ import torch
 
 import train
 from configurator import configure
+from data.common import DataError
 from model import load_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -223,7 +224,7 @@ def test_crash_while_checkpointing_keeps_previous(data_dir, tmp_path, monkeypatc
         f.write(b'PK\x03\x04 half a checkpoint')
         raise OSError('disk full')
     monkeypatch.setattr(torch, 'save', broken_save)
-    with pytest.raises(OSError, match='disk full'):
+    with pytest.raises(DataError, match='disk full'):
         run(data_dir, out, '--max_iters=8', '--eval_interval=4', '--init_from=resume')
     assert open(os.path.join(out, 'ckpt.pt'), 'rb').read() == before
     assert torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)['iter_num'] == 4

@@ -1,0 +1,449 @@
+"""
+Measure what the study's explanation rests on (SPEC section 5), for one or more checkpoints side by side:
+
+    saturation  fraction of |alpha*x| > t in every DyT layer (incl. the final one), t in 0.5..3.0, on random
+                train windows; global and per layer. Non-DyT models: input std per norm layer only.
+    spectra     HTSR of every 2-D weight: power-law alpha of the eigenvalues of W^T W (Clauset fit, as
+                WeightWatcher does it), xmin, KS distance D, tail size, lambda_max, alpha_weighted, stable rank.
+    rank        effective rank (Roy & Vetterli) of each block's output activations (B*T, D), not centred, and of
+                each weight matrix.
+    alpha       learned DyT alpha against 1/std of the layer's input, and their Pearson correlation.
+    all         everything, with one forward pass and one eigendecomposition per matrix.
+
+    python analyze.py saturation out-dyt                     # a directory means its ckpt.pt
+    python analyze.py all out-ln out-dyt --which=best --json=cmp.json --plot=figs
+    python analyze.py spectra out-ln/ckpt.pt --min_evals=50 --max_evals=5000
+
+Options (--key=value or --key value): which (ckpt|best, for directories), windows, seed, block_size
+(0 = the model's), batch_size, device (auto|cpu|cuda...), min_evals, max_evals, max_n (skip weights whose long
+side exceeds it), dataset and data_dir (override where the train split is read: data_dir is the folder holding
+train.bin), train_tokens (windows come from the first N train tokens; -1 = the checkpoint's own data budget,
+0 = the whole split), json FILE, plot DIR.
+
+JSON (--json FILE, written atomically), schema "nanonorm-analysis/1". Sections appear only for the
+commands that compute them; every name is stable:
+{"schema": "nanonorm-analysis/1", "command": str, "settings": {option: value},
+ "checkpoints": [{
+   "label": str, "path": str, "iter_num": int|null, "dataset": str|null, "norm": str, "model_args": {...},
+   "windows": {"count": int, "block_size": int, "seed": int, "split": "train",    # when data was read;
+               "tokens": int},                     # windows lie in the first `tokens` train tokens
+   "saturation": {"thresholds": [0.5, 1.0, 1.5, 2.0, 2.5, 3.0],
+                  "global": [fraction per threshold] | null (no DyT layer), "global_at_2": float | null,
+                  "layers": {name: {"kind": str, "alpha": float|null, "input_std": float, "count": int,
+                                    "saturation": [fraction per threshold] | null}}},   # count: elements seen
+   "spectra": {"layers": {name: {"shape": [rows, cols], "num_evals": int, "alpha": float, "xmin": float,
+                                 "D": float, "num_tail": int, "lambda_max": float, "alpha_weighted": float,
+                                 "stable_rank": float}},
+               "skipped": {name: reason}, "mean_alpha": float|null, "median_alpha": float|null,
+               "mean_alpha_weighted": float|null, "mean_stable_rank": float|null},
+   "rank": {"blocks": [effective rank of block i's output], "mean_blocks": float,
+            "weights": {name: effective rank}, "mean_weights": float|null},
+   "alpha": {"layers": {name: {"alpha": float, "input_std": float, "inv_std": float}},
+             "pearson": float|null}}]}
+"""
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from data.common import DataError, atomic_write, load_split
+from model import load_checkpoint
+
+COMMANDS = ("saturation", "spectra", "rank", "alpha", "all")
+DEFAULTS = dict(which="ckpt", windows=50, seed=1337, block_size=0, batch_size=10, device="auto",
+                min_evals=50, max_evals=5000, max_n=50000, dataset="", data_dir="", train_tokens=-1, json="", plot="")
+HEADLINE_T = 2.0      # the study's headline threshold: tanh(2) is 96% of its limit
+EVALS_THRESH = 1e-5   # as WeightWatcher: eigenvalues at or below this count as zero and are not fitted
+
+# ----------------------------------------------------------------------------- the math (no model needed)
+
+
+def fit_powerlaw(evals):
+    """Continuous power-law fit of an ESD's tail (Clauset, Shalizi & Newman 2009), as WeightWatcher's default
+    fit does it: every eigenvalue but the largest is a candidate xmin; alpha = 1 + n / sum ln(l_i / xmin) over
+    the n eigenvalues l_i >= xmin; D = max |fitted CDF - empirical CDF| over that tail, the empirical CDF at
+    its k-th point (k from 0) being k/n; the xmin with the smallest D wins."""
+    x = np.sort(np.asarray(evals, dtype=np.float64))
+    x = x[x > EVALS_THRESH]
+    N = len(x)
+    if N < 3:
+        return None
+    logx = np.log(x)
+    cand = np.arange(N - 1)
+    n = (N - cand).astype(np.float64)
+    tail_log_sum = np.cumsum(logx[::-1])[::-1][:-1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        alphas = 1 + n / (tail_log_sum - n * logx[:-1])
+    ok = np.isfinite(alphas) & (alphas > 1)      # a tail of equal values has no fit: D stays 1
+    Ds = np.ones(N - 1)
+    j = np.arange(N)
+    step = max(1, 2_000_000 // N)                # bound the (candidates x points) grid's memory
+    for s in range(0, N - 1, step):
+        c = cand[s:s + step, None]
+        a = np.where(ok[s:s + step], alphas[s:s + step], 2.0)[:, None]
+        log_ratio = np.maximum(logx[None, :] - logx[c], 0.0)   # points below xmin are masked out below
+        gap = np.abs(1 - np.exp((1 - a) * log_ratio) - (j - c) / n[c])
+        gap[j[None, :] < c] = 0.0
+        Ds[s:s + step] = np.where(ok[s:s + step], gap.max(axis=1), 1.0)
+    b = int(np.argmin(Ds))
+    return dict(alpha=float(alphas[b]), xmin=float(x[b]), D=float(Ds[b]), num_tail=int(n[b]))
+
+
+def effective_rank(s):
+    """Roy & Vetterli (2007): exp of the entropy of the normalised singular values."""
+    s = np.asarray(s, dtype=np.float64)
+    p = s[s > 0] / s.sum()
+    return float(np.exp(-(p * np.log(p)).sum()))
+
+
+def eigenvalues(mats):
+    """Eigenvalues of W^T W (float64, ascending) for each matrix, i.e. its squared singular values. Computed as
+    eigvalsh of the Gram matrix on the short side: ~10x faster than an SVD on CPU and accurate to ~1e-16 of
+    lambda_max, far below the fit's cut. Same-shaped matrices share one batched call."""
+    groups, out = {}, {}
+    for name, W in mats.items():
+        groups.setdefault(tuple(W.shape), []).append(name)
+    for (r, c), names in groups.items():
+        per_call = max(1, (256 << 20) // (8 * r * c))       # ~256 MB of float64 per call
+        for k in range(0, len(names), per_call):
+            chunk = names[k:k + per_call]
+            W = torch.stack([mats[n] for n in chunk]).double()
+            gram = W @ W.mT if r <= c else W.mT @ W
+            out.update(zip(chunk, torch.linalg.eigvalsh(gram).clamp(min=0).cpu().numpy()))  # clamp: rounding
+    return {name: out[name] for name in mats}
+
+
+def spectra(mats, evals, skipped):
+    """HTSR figures per weight matrix from the eigenvalues of W^T W."""
+    layers = {}
+    for name, ev in evals.items():
+        fit = fit_powerlaw(ev)
+        if fit is None:
+            skipped[name] = "fewer than 3 nonzero eigenvalues"
+            continue
+        lmax = float(ev.max())
+        layers[name] = dict(shape=list(mats[name].shape), num_evals=len(ev), **fit, lambda_max=lmax,
+                            alpha_weighted=fit["alpha"] * math.log10(lmax), stable_rank=float(ev.sum() / lmax))
+    col = lambda k: [v[k] for v in layers.values()]
+    mean = lambda v: float(np.mean(v)) if v else None
+    return dict(layers=layers, skipped=skipped, mean_alpha=mean(col("alpha")),
+                median_alpha=float(np.median(col("alpha"))) if layers else None,
+                mean_alpha_weighted=mean(col("alpha_weighted")), mean_stable_rank=mean(col("stable_rank")))
+
+# ----------------------------------------------------------------------------- model measurements
+
+
+def weight_matrices(model, min_evals, max_evals, max_n):
+    """Every 2-D weight (a tied lm_head/wte counts once), filtered like WeightWatcher's min/max_evals and max_N:
+    an N x M matrix has min(N, M) eigenvalues."""
+    keep, skipped = {}, {}
+    for name, p in model.named_parameters():
+        if p.dim() != 2:
+            continue
+        name, m, big = name.removesuffix(".weight"), min(p.shape), max(p.shape)
+        if m < min_evals:
+            skipped[name] = f"{m} eigenvalues < min_evals={min_evals}"
+        elif m > max_evals:
+            skipped[name] = f"{m} eigenvalues > max_evals={max_evals}"
+        elif big > max_n:
+            skipped[name] = f"long side {big} > max_n={max_n}"
+        else:
+            keep[name] = p.detach()
+    return keep, skipped
+
+
+def sample_windows(data, count, block_size, seed):
+    """count random block_size-token windows of a token array, reproducible from seed."""
+    if len(data) <= block_size:
+        raise SystemExit(f"the split has {len(data)} tokens, too few for {block_size}-token windows; "
+                         f"pass a smaller --block_size")
+    starts = np.random.default_rng(seed).integers(0, len(data) - block_size, size=count)
+    return torch.from_numpy(np.stack([np.asarray(data[s:s + block_size]) for s in starts]).astype(np.int64))
+
+
+@torch.no_grad()
+def forward_stats(model, windows, batch_size=10, block_ranks=False):
+    """Run token windows through the model with norm statistics on. Returns model.norm_stats() (saturation,
+    alpha, input std per norm layer) and, with block_ranks, the effective rank of each block's output
+    reshaped to (B*T, D). Reusable by anything that holds a model and windows (e.g. an early-training screen)."""
+    device = next(model.parameters()).device
+    grams = {}   # block i -> sum of A^T A: the singular values of A without keeping A in memory
+
+    def hook(i):
+        def accumulate(module, inputs, out):
+            a = out.reshape(-1, out.shape[-1]).double()
+            grams[i] = grams.get(i, 0) + a.T @ a
+        return accumulate
+    handles = [blk.register_forward_hook(hook(i)) for i, blk in enumerate(model.transformer.h)] if block_ranks else []
+    was_training = model.training
+    model.eval()
+    model.track_norm_stats(True)
+    try:
+        for k in range(0, len(windows), batch_size):
+            model(windows[k:k + batch_size].to(device))
+        stats = model.norm_stats()
+    finally:
+        model.track_norm_stats(False)
+        model.train(was_training)
+        for h in handles:
+            h.remove()
+    ranks = [effective_rank(torch.linalg.eigvalsh(grams[i]).clamp(min=0).sqrt().cpu().numpy())
+             for i in sorted(grams)]
+    return dict(norm=stats, block_ranks=ranks or None)
+
+
+def alpha_vs_std(norm_stats):
+    """DyT layers' learned alpha against 1/std of their input (the DyT paper: alpha tracks 1/std)."""
+    layers = {name: dict(alpha=l["alpha"], input_std=l["input_std"], inv_std=1.0 / l["input_std"])
+              for name, l in norm_stats["layers"].items() if l["kind"] == "dyt"}
+    a = np.array([v["alpha"] for v in layers.values()])
+    b = np.array([v["inv_std"] for v in layers.values()])
+    r = float(np.corrcoef(a, b)[0, 1]) if len(a) > 1 and a.std() > 0 and b.std() > 0 else None
+    return dict(layers=layers, pearson=r)
+
+
+def train_windows(model, ckpt, opts):
+    """The fixed random windows the forward measurements use: from the train split, inside the checkpoint's
+    data budget (its train_tokens prefix: the data the model was trained on) unless --train_tokens says otherwise."""
+    cfg = ckpt.get("config", {})
+    dataset = opts["dataset"] or cfg.get("dataset")
+    if not dataset:
+        raise SystemExit("analyze.py: the checkpoint does not name its dataset; pass --dataset=NAME")
+    block_size = opts["block_size"] or model.config.block_size
+    if block_size > model.config.block_size:
+        raise SystemExit(f"analyze.py: --block_size={block_size} exceeds the model's {model.config.block_size}")
+    try:
+        data = load_split(dataset, "train", opts["data_dir"] or (None if opts["dataset"] else cfg.get("data_dir")))
+    except DataError as e:
+        raise SystemExit(f"analyze.py: {e}\n(or point to the data with --dataset=NAME / --data_dir=DIR)") from None
+    budget = cfg.get("train_tokens") if opts["train_tokens"] < 0 else opts["train_tokens"]
+    data = data[:budget] if budget else data
+    windows = sample_windows(data, opts["windows"], block_size, opts["seed"])
+    if int(windows.max()) >= model.config.vocab_size:
+        raise SystemExit(f"analyze.py: dataset '{dataset}' has token ids >= the model's vocab_size "
+                         f"{model.config.vocab_size}: not the data this model was trained on; pass --dataset=NAME")
+    return dataset, windows, len(data)
+
+
+def analyze(path, command, opts):
+    """All figures of one checkpoint for the command, as the JSON schema above, plus its spectra for plots."""
+    try:
+        model, ckpt = load_checkpoint(path, device=opts["device"])
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"analyze.py: {e}") from None
+    want = lambda c: command in (c, "all")
+    res = dict(path=str(path), iter_num=ckpt.get("iter_num"), dataset=ckpt.get("config", {}).get("dataset"),
+               norm=model.config.norm, model_args=ckpt["model_args"])
+    if want("saturation") or want("alpha") or want("rank"):
+        res["dataset"], windows, tokens = train_windows(model, ckpt, opts)
+        res["windows"] = dict(count=len(windows), block_size=windows.shape[1], seed=opts["seed"], split="train",
+                              tokens=tokens)
+        fs = forward_stats(model, windows, opts["batch_size"], block_ranks=want("rank"))
+        ns = fs["norm"]
+    if want("saturation"):
+        glob = ns["saturation"]
+        res["saturation"] = {"thresholds": ns["thresholds"], "global": glob, "layers": ns["layers"],
+                             "global_at_2": glob[ns["thresholds"].index(HEADLINE_T)] if glob else None}
+    if want("alpha"):
+        res["alpha"] = alpha_vs_std(ns)
+    evals = {}
+    if want("spectra") or want("rank"):
+        mats, skipped = weight_matrices(model, opts["min_evals"], opts["max_evals"], opts["max_n"])
+        evals = eigenvalues(mats)
+        if want("spectra"):
+            res["spectra"] = spectra(mats, evals, skipped)
+    if want("rank"):
+        w = {name: effective_rank(np.sqrt(ev)) for name, ev in evals.items()}
+        res["rank"] = dict(blocks=fs["block_ranks"], mean_blocks=float(np.mean(fs["block_ranks"])),
+                           weights=w, mean_weights=float(np.mean(list(w.values()))) if w else None)
+    return res, evals if want("spectra") else {}
+
+# ----------------------------------------------------------------------------- output
+
+
+def fmt(v, spec=".4g"):
+    return "-" if v is None else format(v, spec)
+
+
+def print_table(title, labels, rows):
+    """rows: (name, [cell per checkpoint]); checkpoints side by side as columns."""
+    w0 = max([len(r[0]) for r in rows] + [8])
+    ws = [max([len(lab)] + [len(r[1][k]) for r in rows]) for k, lab in enumerate(labels)]
+    print(f"\n{title}")
+    print("  ".join([" " * w0] + [lab.rjust(w) for lab, w in zip(labels, ws)]))
+    for name, cells in rows:
+        print("  ".join([name.ljust(w0)] + [c.rjust(w) for c, w in zip(cells, ws)]))
+
+
+def rows_by_name(results, section, key, cell):
+    """One row per layer name (union over checkpoints, first-seen order)."""
+    names = list(dict.fromkeys(n for r in results if section in r for n in r[section][key]))
+    return [(n, [cell(r[section][key][n]) if section in r and n in r[section][key] else "-" for r in results])
+            for n in names]
+
+
+def report(results, labels):
+    first = results[0].get("windows")
+    if "saturation" in results[0]:
+        th = results[0]["saturation"]["thresholds"]
+        sat = [r["saturation"] for r in results]
+        rows = [(f"global t={t:g}", [fmt(s["global"][i], ".3f") if s["global"] else "-" for s in sat])
+                for i, t in enumerate(th)]
+        rows += rows_by_name(results, "saturation", "layers",
+                             lambda l: fmt(l["saturation"][th.index(HEADLINE_T)], ".3f") if l["saturation"] else "-")
+        print_table(f"saturation: fraction of |alpha*x| > t (layers at t={HEADLINE_T:g}); {first['count']} train "
+                    f"windows of {first['block_size']} tokens, seed {first['seed']}", labels, rows)
+        print_table("input std per norm layer", labels,
+                    rows_by_name(results, "saturation", "layers", lambda l: fmt(l["input_std"])))
+        for lab, s in zip(labels, sat):
+            if s["global"] is None:
+                print(f"{lab}: no DyT layer; saturation is defined for DyT layers only")
+    if "spectra" in results[0]:
+        sp = [r["spectra"] for r in results]
+        rows = rows_by_name(results, "spectra", "layers", lambda l: f"{l['alpha']:.2f} {l['alpha_weighted']:.2f} "
+                                                                    f"{l['stable_rank']:.1f}")
+        rows += [(k, [fmt(s[k]) for s in sp]) for k in
+                 ("mean_alpha", "median_alpha", "mean_alpha_weighted", "mean_stable_rank")]
+        rows += [("layers fitted/skipped", [f"{len(s['layers'])}/{len(s['skipped'])}" for s in sp])]
+        print_table("HTSR spectra per weight: alpha, alpha_weighted, stable rank "
+                    "(alpha 2-4 well trained, 4-6 weak, > 6 random-like, < 2 over-trained)", labels, rows)
+    if "rank" in results[0]:
+        rk = [r["rank"] for r in results]
+        nb = max(len(k["blocks"]) for k in rk)
+        rows = [(f"block {i} output", [fmt(k["blocks"][i], ".1f") if i < len(k["blocks"]) else "-" for k in rk])
+                for i in range(nb)]
+        rows += [("mean over blocks", [fmt(k["mean_blocks"], ".1f") for k in rk])]
+        rows += rows_by_name(results, "rank", "weights", lambda v: fmt(v, ".1f"))
+        rows += [("mean over weights", [fmt(k["mean_weights"], ".1f") for k in rk])]
+        print_table("effective rank (Roy & Vetterli) of activations and weights", labels, rows)
+    if "alpha" in results[0]:
+        rows = rows_by_name(results, "alpha", "layers", lambda l: f"{l['alpha']:.3f} / {l['inv_std']:.3f}")
+        rows += [("pearson r", [fmt(r["alpha"]["pearson"], ".3f") for r in results])]
+        print_table("DyT alpha / (1 / input std)", labels, rows)
+        for lab, r in zip(labels, results):
+            if not r["alpha"]["layers"]:
+                print(f"{lab}: no DyT layer; alpha is defined for DyT layers only")
+
+
+def make_plots(results, labels, esds, outdir):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: plots skipped (pip install matplotlib); tables and JSON are complete")
+        return
+
+    os.makedirs(outdir, exist_ok=True)
+
+    def save(fig, name):
+        atomic_write(os.path.join(outdir, name), lambda f: fig.savefig(f, format="png", dpi=110, bbox_inches="tight"))
+        plt.close(fig)
+    dyt_runs = [(lab, r["saturation"]) for lab, r in zip(labels, results) if r.get("saturation", {}).get("global")]
+    if dyt_runs:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for lab, s in dyt_runs:
+            ax.plot(s["thresholds"], s["global"], "o-", label=lab)
+        ax.axhline(0.43, ls=":", c="gray", label="screening rule 0.43")
+        ax.set(xlabel="threshold t", ylabel="fraction |alpha*x| > t", title="global saturation")
+        ax.legend()
+        save(fig, "saturation_thresholds.png")
+        fig, ax = plt.subplots(figsize=(10, 4))
+        names = list(dict.fromkeys(n for _, s in dyt_runs for n, l in s["layers"].items() if l["saturation"]))
+        i, w = dyt_runs[0][1]["thresholds"].index(HEADLINE_T), 0.8 / len(dyt_runs)
+        for k, (lab, s) in enumerate(dyt_runs):
+            ls = s["layers"]
+            ax.bar(np.arange(len(names)) + (k - (len(dyt_runs) - 1) / 2) * w,
+                   [ls[n]["saturation"][i] if n in ls else 0 for n in names], width=w, label=lab)
+        ax.set_xticks(np.arange(len(names)), names, rotation=90, fontsize=7)
+        ax.set(ylabel=f"fraction |alpha*x| > {HEADLINE_T:g}", title="saturation per DyT layer")
+        ax.legend()
+        save(fig, "saturation_layers.png")
+    for name in dict.fromkeys(n for e in esds for n in e):
+        have = [(lab, r, e) for lab, r, e in zip(labels, results, esds) if name in e and name in r["spectra"]["layers"]]
+        fig, axes = plt.subplots(1, len(have), figsize=(4.5 * len(have), 3.8), squeeze=False)
+        for ax, (lab, r, e) in zip(axes[0], have):
+            ev, f = e[name][e[name] > EVALS_THRESH], r["spectra"]["layers"][name]
+            bins = np.logspace(np.log10(ev.min()), np.log10(ev.max()), 60)
+            ax.hist(ev, bins=bins, density=True, alpha=0.6)
+            tail = np.logspace(np.log10(f["xmin"]), np.log10(ev.max()), 50)   # fitted density, scaled to the tail share
+            ax.plot(tail, f["num_tail"] / len(ev) * (f["alpha"] - 1) / f["xmin"] * (tail / f["xmin"]) ** -f["alpha"],
+                    "r--", label=f"alpha={f['alpha']:.2f}, D={f['D']:.3f}")
+            ax.axvline(f["xmin"], c="r", lw=0.8)
+            ax.set(xscale="log", yscale="log", xlabel="eigenvalue", title=f"{lab}\n{name}")
+            ax.legend(fontsize=8)
+        save(fig, f"esd_{name}.png")
+    if "rank" in results[0]:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for lab, r in zip(labels, results):
+            ax.plot(r["rank"]["blocks"], "o-", label=lab)
+        ax.set(xlabel="block", ylabel="effective rank of output", title="activation effective rank")
+        ax.legend()
+        save(fig, "erank_blocks.png")
+    if "alpha" in results[0] and any(r["alpha"]["layers"] for r in results):
+        fig, ax = plt.subplots(figsize=(5, 5))
+        for lab, r in zip(labels, results):
+            ls = r["alpha"]["layers"].values()
+            ax.scatter([l["inv_std"] for l in ls], [l["alpha"] for l in ls], label=f"{lab} r={fmt(r['alpha']['pearson'], '.2f')}")
+        ax.set(xlabel="1 / input std", ylabel="learned alpha", title="DyT alpha vs 1/std")
+        ax.legend()
+        save(fig, "alpha_vs_inv_std.png")
+    print(f"plots written to {outdir}/")
+
+# ----------------------------------------------------------------------------- command line
+
+
+def parse_args(argv):
+    opts, pos, args = dict(DEFAULTS), [], iter(argv)
+    for a in args:
+        if not a.startswith("--"):
+            pos.append(a)
+            continue
+        key, eq, val = a[2:].partition("=")
+        if key not in DEFAULTS:
+            raise SystemExit(f"unknown option --{key}; known options: " + ", ".join(f"--{k}" for k in DEFAULTS))
+        if not eq:
+            val = next(args, None)
+            if val is None:
+                raise SystemExit(f"--{key} needs a value")
+        try:
+            opts[key] = type(DEFAULTS[key])(val)
+        except ValueError:
+            raise SystemExit(f"--{key}={val}: expected {type(DEFAULTS[key]).__name__}")
+    if not pos or pos[0] not in COMMANDS or len(pos) < 2:
+        raise SystemExit(f"usage: python analyze.py <{'|'.join(COMMANDS)}> <ckpt.pt | out_dir> [more ...] [--key=value ...]")
+    if opts["which"] not in ("ckpt", "best"):
+        raise SystemExit("--which must be ckpt or best")
+    if opts["windows"] < 1 or opts["batch_size"] < 1:
+        raise SystemExit("--windows and --batch_size must be positive")
+    if opts["device"] == "auto":
+        opts["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+    if opts["device"].startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("--device=cuda but no CUDA device is available; use --device=cpu")
+    return pos[0], pos[1:], opts
+
+
+def main(argv):
+    command, paths, opts = parse_args(argv)
+    paths = [Path(p) / f"{opts['which']}.pt" if Path(p).is_dir() else Path(p) for p in paths]
+    labels = [p.parent.name + ("" if p.name == "ckpt.pt" else "/" + p.stem) or p.stem for p in paths]
+    labels = [lab if labels.count(lab) == 1 else f"{lab}#{k}" for k, lab in enumerate(labels)]
+    out = [analyze(p, command, opts) for p in paths]
+    results = [dict(label=lab, **r) for lab, (r, _) in zip(labels, out)]
+    report(results, labels)
+    if opts["json"]:
+        doc = dict(schema="nanonorm-analysis/1", command=command, settings=opts, checkpoints=results)
+        os.makedirs(os.path.dirname(os.path.abspath(opts["json"])), exist_ok=True)
+        atomic_write(opts["json"], lambda f: f.write(json.dumps(doc, indent=1).encode()))
+        print(f"\nwrote {opts['json']}")
+    if opts["plot"]:
+        make_plots(results, labels, [e for _, e in out], opts["plot"])
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

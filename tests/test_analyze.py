@@ -1,0 +1,298 @@
+"""analyze.py: power-law fit, effective rank, spectra, saturation, and every command end to end on tiny checkpoints."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import analyze
+import model as M
+
+torch.set_num_threads(2)
+
+
+# ---------------------------------------------------------------------------------------------- power-law fit
+
+@pytest.mark.parametrize("alpha", [2.0, 3.0, 4.0])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_pareto_exponent_recovered(alpha, seed):
+    # p(x) ~ x^-alpha for x >= 1. Stated tolerance: 0.1 * (alpha - 1), about 4 standard errors of the MLE at this
+    # size (measured over 50 seeds: sd = 0.023 * (alpha - 1)).
+    x = np.random.default_rng(seed).pareto(alpha - 1, 4000) + 1
+    fit = analyze.fit_powerlaw(x)
+    assert abs(fit["alpha"] - alpha) <= 0.1 * (alpha - 1)
+
+
+def test_tail_found_above_a_bulk():
+    # A bulk in [0.05, 0.95] under a Pareto tail starting at 1: xmin must land at the tail's start.
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.uniform(0.05, 0.95, 3000), rng.pareto(1.5, 1000) + 1])
+    fit = analyze.fit_powerlaw(x)
+    assert 0.95 <= fit["xmin"] <= 1.2
+    assert abs(fit["alpha"] - 2.5) <= 0.15
+    assert fit["num_tail"] == np.sum(x >= fit["xmin"])
+
+
+def test_chosen_xmin_minimises_ks_distance_brute_force():
+    rng = np.random.default_rng(3)
+    x = np.sort(np.concatenate([rng.lognormal(0, 0.5, 150), rng.pareto(2.0, 60) + 2]))
+    best = None
+    for i in range(len(x) - 1):                      # every point but the largest is a candidate xmin
+        xmin, tail = x[i], x[i:]
+        n = len(tail)
+        alpha = 1 + n / sum(math.log(t / xmin) for t in tail)
+        D = 0.0
+        for k, t in enumerate(tail):                 # empirical CDF of the k-th tail point (k from 0): k / n
+            D = max(D, abs((1 - (t / xmin) ** (1 - alpha)) - k / n))
+        if best is None or D < best[0]:
+            best = (D, xmin, alpha, n)
+    fit = analyze.fit_powerlaw(x)
+    assert fit["xmin"] == best[1] and fit["num_tail"] == best[3]
+    assert fit["D"] == pytest.approx(best[0], rel=1e-9)
+    assert fit["alpha"] == pytest.approx(best[2], rel=1e-9)
+
+
+def test_fit_ignores_zero_eigenvalues_and_rejects_too_few():
+    x = np.random.default_rng(0).pareto(2.0, 500) + 1
+    assert analyze.fit_powerlaw(np.concatenate([x, np.zeros(100)])) == analyze.fit_powerlaw(x)
+    assert analyze.fit_powerlaw([0.0, 0.0, 1.0, 2.0]) is None
+
+
+# ---------------------------------------------------------------------------------------------- effective rank
+
+def test_effective_rank_identity_rank1_and_closed_form():
+    n = 37
+    assert analyze.effective_rank(torch.linalg.svdvals(torch.eye(n, dtype=torch.float64))) == pytest.approx(n)
+    u, v = torch.randn(40, 1, dtype=torch.float64), torch.randn(1, 30, dtype=torch.float64)
+    assert analyze.effective_rank(torch.linalg.svdvals(u @ v)) == pytest.approx(1.0, abs=1e-6)
+    # Singular values (3, 1): p = (3/4, 1/4), entropy = ln 4 - (3/4) ln 3, so erank = 4 / 3^(3/4).
+    q1, _ = torch.linalg.qr(torch.randn(20, 20, dtype=torch.float64))
+    q2, _ = torch.linalg.qr(torch.randn(10, 10, dtype=torch.float64))
+    W = q1[:, :2] @ torch.diag(torch.tensor([3.0, 1.0], dtype=torch.float64)) @ q2[:2, :]
+    assert analyze.effective_rank(torch.linalg.svdvals(W)) == pytest.approx(4 / 3 ** 0.75, rel=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------- spectra
+
+def test_batched_eigenvalues_and_spectra_figures():
+    g = torch.Generator().manual_seed(0)
+    mats = {"a": torch.randn(60, 80, generator=g), "b": torch.randn(60, 80, generator=g),
+            "c": torch.randn(100, 70, generator=g), "d": torch.randn(50, 50, generator=g) ** 3}
+    evals = analyze.eigenvalues(mats)
+    assert list(evals) == ["a", "b", "c", "d"]
+    for name, W in mats.items():   # eigenvalues of W^T W = squared singular values, min(N, M) of them
+        ref = np.sort(np.linalg.svd(W.double().numpy(), compute_uv=False) ** 2)
+        np.testing.assert_allclose(evals[name], ref, rtol=1e-9, atol=1e-12 * ref.max())
+    sp = analyze.spectra(mats, evals, {})
+    for name, W in mats.items():
+        w = W.double().numpy()
+        lay = sp["layers"][name]
+        assert lay["num_evals"] == min(W.shape) and lay["shape"] == list(W.shape)
+        assert lay["lambda_max"] == pytest.approx(np.linalg.norm(w, 2) ** 2, rel=1e-9)
+        assert lay["stable_rank"] == pytest.approx(np.linalg.norm(w, "fro") ** 2 / np.linalg.norm(w, 2) ** 2, rel=1e-9)
+        assert lay["alpha_weighted"] == pytest.approx(lay["alpha"] * math.log10(np.linalg.norm(w, 2) ** 2), rel=1e-9)
+    alphas = sorted(sp["layers"][n]["alpha"] for n in mats)
+    assert sp["mean_alpha"] == pytest.approx(sum(alphas) / 4)
+    assert sp["median_alpha"] == pytest.approx((alphas[1] + alphas[2]) / 2)
+
+
+def test_weight_filters_follow_eigenvalue_count():
+    model = M.GPT(M.GPTConfig(n_layer=1, n_head=2, n_embd=64, block_size=16, vocab_size=300))
+    keep, skipped = analyze.weight_matrices(model, min_evals=50, max_evals=5000, max_n=256)
+    # wte (300 x 64, tied with lm_head: listed once) has 64 eigenvalues but a long side > max_n;
+    # wpe (16 x 64) has only 16 eigenvalues.
+    assert set(keep) == {"transformer.h.0.attn.c_attn", "transformer.h.0.attn.c_proj",
+                         "transformer.h.0.mlp.c_fc", "transformer.h.0.mlp.c_proj"}
+    assert set(skipped) == {"transformer.wte", "transformer.wpe"}
+    keep, _ = analyze.weight_matrices(model, min_evals=50, max_evals=60, max_n=10 ** 6)
+    assert keep == {}
+
+
+# ---------------------------------------------------------------------------------------------- saturation
+
+def test_saturation_equals_hooked_alpha_x():
+    torch.manual_seed(0)
+    model = M.GPT(M.GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, norm="dyt",
+                              dyt_alpha=2.0))
+    with torch.no_grad():   # inputs of order 1 and a different alpha per layer, so that the fractions differ
+        model.transformer.wte.weight.mul_(50)
+        for k, (_, layer) in enumerate(model.norm_layers()):
+            layer.alpha.fill_(0.5 + 0.5 * k)
+    windows = analyze.sample_windows(np.arange(1000, dtype=np.uint16) % 64, 6, 16, seed=5)
+    # The study's definition, computed independently: hook every DyT layer, record alpha*x; per batch pool all
+    # layers and take the fraction above t; mean over (equal) batches. Per layer: its pooled fraction.
+    thresholds = [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
+    seen = {}
+    dyts = [(n, m) for n, m in model.named_modules() if isinstance(m, M.DyT)]
+    assert len(dyts) == 5
+    hooks = [m.register_forward_hook(lambda m, i, o, n=n: seen.setdefault(n, []).append((m.alpha * i[0]).detach()))
+             for n, m in dyts]
+    with torch.no_grad():
+        for b in range(2):
+            model(windows[3 * b:3 * b + 3])
+    for h in hooks:
+        h.remove()
+    per_batch = [[np.mean(np.concatenate([seen[n][b].abs().flatten().numpy() for n, _ in dyts]) > t) for t in thresholds]
+                 for b in range(2)]
+    want_global = np.mean(per_batch, axis=0)
+    stats = analyze.forward_stats(model, windows, batch_size=3)["norm"]
+    np.testing.assert_allclose(stats["saturation"], want_global, atol=1e-6)
+    for n, _ in dyts:
+        want = [np.mean(np.concatenate([a.abs().flatten().numpy() for a in seen[n]]) > t) for t in thresholds]
+        np.testing.assert_allclose(stats["layers"][n]["saturation"], want, atol=1e-6)
+    assert 0.05 < want_global[3] < 0.95 and len({round(stats["layers"][n]["saturation"][3], 4) for n, _ in dyts}) > 2
+
+
+def test_block_output_effective_rank_matches_direct_svd():
+    torch.manual_seed(1)
+    model = M.GPT(M.GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, norm="rmsnorm"))
+    windows = analyze.sample_windows(np.arange(500, dtype=np.uint16) % 64, 5, 16, seed=0)
+    outs = {}
+    hooks = [b.register_forward_hook(lambda m, i, o, k=k: outs.setdefault(k, []).append(o.detach()))
+             for k, b in enumerate(model.transformer.h)]
+    with torch.no_grad():
+        model(windows)
+    for h in hooks:
+        h.remove()
+    got = analyze.forward_stats(model, windows, batch_size=2, block_ranks=True)["block_ranks"]
+    for k in range(2):
+        s = np.linalg.svd(torch.cat(outs[k]).reshape(-1, 32).double().numpy(), compute_uv=False)
+        p = s / s.sum()
+        assert got[k] == pytest.approx(math.exp(-sum(pi * math.log(pi) for pi in p)), rel=1e-6)
+
+
+def test_alpha_against_inverse_std_pearson():
+    stats = {"layers": {"a": dict(kind="dyt", alpha=1.0, input_std=1.0), "b": dict(kind="dyt", alpha=2.0, input_std=0.25),
+                        "c": dict(kind="dyt", alpha=4.0, input_std=0.5), "n": dict(kind="layernorm", alpha=None, input_std=3.0)}}
+    got = analyze.alpha_vs_std(stats)
+    assert list(got["layers"]) == ["a", "b", "c"] and got["layers"]["b"]["inv_std"] == 4.0
+    x, y = [1.0, 2.0, 4.0], [1.0, 4.0, 2.0]   # Pearson r written out: cov / (sd_x sd_y)
+    mx, my = sum(x) / 3, sum(y) / 3
+    r = sum((a - mx) * (b - my) for a, b in zip(x, y)) / math.sqrt(sum((a - mx) ** 2 for a in x) * sum((b - my) ** 2 for b in y))
+    assert got["pearson"] == pytest.approx(r)
+
+
+# ---------------------------------------------------------------------------------------------- command line
+
+VOCAB = 300
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    d = tmp_path / "tiny"
+    d.mkdir()
+    np.random.default_rng(0).integers(0, VOCAB, 4000).astype(np.uint16).tofile(d / "train.bin")
+    (d / "meta.json").write_text(json.dumps({"tokenizer": "byte", "vocab_size": VOCAB, "train_tokens": 4000}))
+    return d
+
+
+def make_ckpt(tmp_path, name, data_dir, **cfg):
+    """A checkpoint in train.py's format, written here so that the test does not depend on train.py."""
+    args = dict(n_layer=2, n_head=2, n_embd=64, block_size=16, vocab_size=VOCAB, bias=False, **cfg)
+    torch.manual_seed(0)
+    model = M.GPT(M.GPTConfig(**args))
+    out = tmp_path / name
+    out.mkdir()
+    torch.save(dict(model=model.state_dict(), optimizer={}, model_args=args, iter_num=7, best_val_loss=5.0,
+                    best_iter=7, tokenizer="byte", config=dict(dataset="tiny", data_dir=str(data_dir))),
+               out / "ckpt.pt")
+    return out
+
+
+NORMS = dict(ln=dict(norm="layernorm"), rms=dict(norm="rmsnorm"), hardtanh=dict(norm="hardtanh"),
+             dyt=dict(norm="dyt", dyt_alpha=2.0, attn="diff", mlp="swiglu", pos="rope"))
+SECTIONS = dict(saturation=["saturation"], spectra=["spectra"], rank=["rank"], alpha=["alpha"],
+                all=["saturation", "spectra", "rank", "alpha"])
+LAYER_FIELDS = {"shape", "num_evals", "alpha", "xmin", "D", "num_tail", "lambda_max", "alpha_weighted", "stable_rank"}
+
+
+@pytest.mark.parametrize("command", list(SECTIONS))
+@pytest.mark.parametrize("norm", list(NORMS))
+def test_every_command_runs_and_json_holds_documented_fields(tmp_path, dataset, command, norm, capsys):
+    out = make_ckpt(tmp_path, norm, dataset, **NORMS[norm])
+    js = tmp_path / "a.json"
+    analyze.main([command, str(out), f"--json={js}", "--windows=6", "--batch_size=4"])
+    doc = json.loads(js.read_text())
+    assert doc["schema"] == "nanonorm-analysis/1" and doc["command"] == command
+    (c,) = doc["checkpoints"]
+    assert {"label", "path", "iter_num", "dataset", "norm", "model_args"} <= set(c) and c["iter_num"] == 7
+    for section in ("saturation", "spectra", "rank", "alpha"):
+        assert (section in c) == (section in SECTIONS[command])
+    text = capsys.readouterr().out
+    is_dyt = norm == "dyt"
+    if "saturation" in c:
+        s = c["saturation"]
+        assert c["windows"] == dict(count=6, block_size=16, seed=1337, split="train", tokens=4000)
+        assert s["thresholds"] == [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
+        assert len(s["layers"]) == 5 and all(l["input_std"] > 0 for l in s["layers"].values())
+        if is_dyt:
+            assert len(s["global"]) == 6 and s["global_at_2"] == s["global"][3]
+            assert all(len(l["saturation"]) == 6 and l["alpha"] == 2.0 for l in s["layers"].values())
+        else:
+            assert s["global"] is None and s["global_at_2"] is None
+            assert "saturation is defined for DyT layers only" in text
+    if "spectra" in c:
+        sp = c["spectra"]
+        # 64 eigenvalues each: attention and MLP matrices (SwiGLU adds c_up) and wte (300 x 64); wpe is 16 x 64.
+        assert len(sp["layers"]) == 2 * (5 if is_dyt else 4) + 1
+        assert all(set(l) == LAYER_FIELDS and l["num_evals"] == 64 for l in sp["layers"].values())
+        assert ("transformer.wpe" in sp["skipped"]) == (not is_dyt)   # rope: no wpe
+        assert {"mean_alpha", "median_alpha", "mean_alpha_weighted", "mean_stable_rank"} <= set(sp)
+    if "rank" in c:
+        r = c["rank"]
+        assert len(r["blocks"]) == 2 and r["mean_blocks"] == pytest.approx(sum(r["blocks"]) / 2)
+        assert all(1 <= v <= 64 for v in r["blocks"] + list(r["weights"].values()))
+        w = dict(torch.load(out / "ckpt.pt", weights_only=True)["model"])["transformer.h.0.mlp.c_fc.weight"]
+        assert r["weights"]["transformer.h.0.mlp.c_fc"] == pytest.approx(
+            analyze.effective_rank(np.linalg.svd(w.double().numpy(), compute_uv=False)), rel=1e-9)
+    if "alpha" in c:
+        a = c["alpha"]
+        assert len(a["layers"]) == (5 if is_dyt else 0)
+        for l in a["layers"].values():
+            assert l["inv_std"] == pytest.approx(1 / l["input_std"]) and l["alpha"] == 2.0
+        assert a["pearson"] is None   # every alpha still at its init: no correlation defined
+
+
+def test_side_by_side_best_and_plots(tmp_path, dataset, capsys):
+    ln, dyt = make_ckpt(tmp_path, "run-ln", dataset), make_ckpt(tmp_path, "run-dyt", dataset, norm="dyt", dyt_alpha=2.0)
+    (dyt / "ckpt.pt").rename(dyt / "best.pt")
+    (ln / "ckpt.pt").rename(ln / "best.pt")
+    res = analyze.main(["all", str(ln), str(dyt), "--which=best", "--windows=4", f"--plot={tmp_path / 'figs'}",
+                        "--json", str(tmp_path / "b.json")])
+    assert [r["label"] for r in res] == ["run-ln/best", "run-dyt/best"]
+    text = capsys.readouterr().out
+    header = next(line for line in text.splitlines() if "run-ln/best" in line)
+    assert "run-dyt/best" in header   # one table, checkpoints as columns
+    try:
+        import matplotlib  # noqa: F401
+        pngs = {p.name for p in (tmp_path / "figs").iterdir()}
+        assert {"saturation_thresholds.png", "saturation_layers.png", "erank_blocks.png",
+                "alpha_vs_inv_std.png", "esd_transformer.h.0.mlp.c_fc.png"} <= pngs
+    except ImportError:
+        assert "plots skipped" in text
+    assert json.loads((tmp_path / "b.json").read_text())["settings"]["which"] == "best"
+
+
+def test_bad_input_gives_clear_errors(tmp_path, dataset):
+    run = make_ckpt(tmp_path, "run", dataset)
+    cases = [
+        (["spectra", str(tmp_path / "nowhere")], "no checkpoint"),
+        (["spectra", str(run), "--which=best"], "no checkpoint"),
+        (["spectra", str(run), "--bogus=1"], "unknown option --bogus"),
+        (["spectra", str(run), "--windows=x"], "expected int"),
+        (["nonsense", str(run)], "usage"),
+        (["saturation", str(run), f"--data_dir={tmp_path}"], "not prepared"),
+        (["saturation", str(run), "--dataset=nodata"], "python data/nodata/prepare.py"),
+        (["rank", str(run), "--block_size=32"], "exceeds the model's 16"),
+    ]
+    (tmp_path / "corrupt.pt").write_bytes(b"not a checkpoint")
+    cases.append((["spectra", str(tmp_path / "corrupt.pt")], "cannot read checkpoint"))
+    ck = torch.load(run / "ckpt.pt", weights_only=True)
+    ck["model_args"]["n_embd"] = 32   # weights of another architecture
+    torch.save(ck, tmp_path / "other.pt")
+    cases.append((["spectra", str(tmp_path / "other.pt")], "do not match"))
+    for argv, msg in cases:
+        with pytest.raises(SystemExit) as e:
+            analyze.main(argv)
+        assert msg in str(e.value), (argv, str(e.value))
