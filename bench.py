@@ -65,28 +65,29 @@ class PlainGPT(nn.Module):
         return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-def tokens_per_second(model):
-    model.to(device).train()
-    idx = torch.randint(0, shape['vocab_size'], (batch_size, shape['block_size']), device=device)
-    times = []
-    for i in range(warmup + steps):
-        t0 = time.perf_counter()
-        model.zero_grad(set_to_none=True)
-        _, loss = model(idx, idx)
-        loss.backward()
-        if device.startswith('cuda'):
-            torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return batch_size * shape['block_size'] / sorted(times)[len(times) // 2]  # median step
+def step_time(model, idx):
+    t0 = time.perf_counter()
+    model.zero_grad(set_to_none=True)
+    _, loss = model(idx, idx)
+    loss.backward()
+    if device.startswith('cuda'):
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
 
 
 torch.manual_seed(0)
-print(f"shape {shape}, batch {batch_size}, device {device}, threads {torch.get_num_threads()}, "
-      f"median of {steps} steps after {warmup} warm-up")
-variants = [('plain nanoGPT-style (LayerNorm)', None)] + [
-    (f"norm={norm} attn={attn}", dict(norm=norm, attn=attn))
-    for attn in ('standard', 'diff') for norm in ('layernorm', 'rmsnorm', 'dyt', 'hardtanh')]
-for name, flags in variants:
-    model = PlainGPT(**shape) if flags is None else GPT(GPTConfig(**shape, **flags))
-    print(f"{name:34s} {tokens_per_second(model):10,.0f} tokens/s")
+print(f"shape {shape}, batch {batch_size}, device {device}, threads {torch.get_num_threads()}; "
+      f"median of {steps} steps after {warmup} warm-up, the variants taking turns step by step")
+variants = {'plain nanoGPT-style (LayerNorm)': PlainGPT(**shape)}
+for attn in ('standard', 'diff'):
+    for norm in ('layernorm', 'rmsnorm', 'dyt', 'hardtanh'):
+        variants[f"norm={norm} attn={attn}"] = GPT(GPTConfig(**shape, norm=norm, attn=attn))
+idx = torch.randint(0, shape['vocab_size'], (batch_size, shape['block_size']), device=device)
+times = {name: [] for name in variants}
+for i in range(warmup + steps):  # interleaved, so a slow spell of the machine hits every variant alike
+    for name, model in variants.items():
+        dt = step_time(model.to(device).train(), idx)
+        if i >= warmup:
+            times[name].append(dt)
+for name, ts in times.items():
+    print(f"{name:34s} {batch_size * shape['block_size'] / sorted(ts)[len(ts) // 2]:10,.0f} tokens/s")

@@ -49,6 +49,10 @@ class GPTConfig:
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ValueError(f"{key}={getattr(self, key)!r} is not known; choose one of {allowed}")
+        if self.n_kv_head is not None and self.n_kv_head < 1:
+            raise ValueError(f"n_kv_head={self.n_kv_head} must be positive, or None for n_head")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
         n_kv_head = self.n_kv_head or self.n_head
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
@@ -72,19 +76,20 @@ class Norm(nn.Module):
     def __init__(self):
         super().__init__()
         self.tracking = False
-        for name in ('stat_count', 'stat_sum', 'stat_sumsq'):
+        self.register_buffer('stat_count', torch.zeros((), dtype=torch.long), persistent=False)
+        for name in ('stat_sum', 'stat_sumsq'):
             self.register_buffer(name, torch.zeros(()), persistent=False)
-        self.register_buffer('stat_sat', torch.zeros(len(SAT_THRESHOLDS)), persistent=False)
+        self.register_buffer('stat_sat', torch.zeros(len(SAT_THRESHOLDS), dtype=torch.long), persistent=False)
 
     @torch.no_grad()
     def observe(self, x, ax=None):
-        x = x.float()
+        x = x.float()  # sums of one call in float32; counts are exact integers
         self.stat_count += x.numel()
         self.stat_sum += x.sum()
         self.stat_sumsq += x.square().sum()
         if ax is not None:
             a = ax.detach().abs()
-            self.stat_sat += torch.stack([(a > t).sum() for t in SAT_THRESHOLDS]).float()
+            self.stat_sat += torch.stack([(a > t).sum() for t in SAT_THRESHOLDS])
 
     def reset_stats(self):
         for buf in self.buffers():
@@ -94,9 +99,12 @@ class Norm(nn.Module):
         n = self.stat_count.item()
         mean = self.stat_sum.item() / max(n, 1)
         std = math.sqrt(max(self.stat_sumsq.item() / max(n, 1) - mean * mean, 0.0)) if n else None
-        return {'kind': self.kind, 'alpha': self.alpha.item() if self.kind == 'dyt' else None,
+        alpha = getattr(self, 'alpha', None)
+        if hasattr(alpha, 'full_tensor'):  # sharded by FSDP2: gather just this scalar
+            alpha = alpha.full_tensor()
+        return {'kind': self.kind, 'alpha': alpha.item() if alpha is not None else None,
                 'input_std': std, 'count': int(n),
-                'saturation': (self.stat_sat / n).tolist() if self.kind == 'dyt' and n else None}
+                'saturation': (self.stat_sat.double() / n).tolist() if self.kind == 'dyt' and n else None}
 
 
 class LayerNorm(Norm):
@@ -397,6 +405,19 @@ class GPT(nn.Module):
         return idx
 
 
+def pick_device(device=None):
+    """The device asked for (an error if this machine lacks it), or by default cuda, else mps, else cpu."""
+    if device in (None, 'auto'):
+        return 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise ValueError(f"device={device!r} is not a device name; use 'cpu', 'cuda', 'cuda:1' or 'mps'") from None
+    if (kind == 'cuda' and not torch.cuda.is_available()) or (kind == 'mps' and not torch.backends.mps.is_available()):
+        raise ValueError(f"device={device!r}, but this machine has no {kind} device; use device='cpu'")
+    return device
+
+
 def load_checkpoint(path, device='cpu'):
     """Load a train.py (or nanoGPT) checkpoint -> (model in eval mode, checkpoint dict).
 
@@ -406,8 +427,9 @@ def load_checkpoint(path, device='cpu'):
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no checkpoint at {path}: give a run's out_dir or its ckpt.pt / best.pt "
                                 "(train one with `python train.py`)")
+    device = pick_device(device)
     try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)
+        ckpt = torch.load(path, map_location='cpu', weights_only=True)
     except Exception as e:
         raise ValueError(f"cannot read checkpoint {path} (truncated or corrupt?): {e}") from None
     if not isinstance(ckpt, dict) or 'model' not in ckpt or 'model_args' not in ckpt:

@@ -314,6 +314,15 @@ def load_split(dataset, split, data_dir=None):
     return np.memmap(path, dtype=np.uint16, mode="r")
 
 
+def random_windows(n_tokens, count, length, seed=1337):
+    """Start offsets of `count` windows of `length` tokens, uniform inside the first n_tokens, from a fixed seed.
+    train.py (saturation during training) and analyze.py draw them alike, and the first k offsets do not
+    depend on `count`, so both measure on the same windows."""
+    if n_tokens < length:
+        raise DataError(f"{n_tokens:,} tokens are too few for windows of {length} tokens; use a smaller block_size")
+    return np.random.default_rng(seed).integers(0, n_tokens - length + 1, size=count)
+
+
 def load_meta(dataset, data_dir=None):
     path = os.path.join(data_dir or os.path.join(DATA_DIR, dataset), "meta.json")
     if not os.path.exists(path):
