@@ -14,13 +14,14 @@ Measure what the study's explanation rests on (SPEC section 5), for one or more 
     python analyze.py all out-ln out-dyt --which=best --json=cmp.json --plot=figs
     python analyze.py spectra out-ln/ckpt.pt --min_evals=50 --max_evals=5000
 
-Options (--key=value or --key value): which (ckpt|best, for directories), windows, seed, block_size
-(0 = the model's), batch_size, device (auto|cpu|cuda...), min_evals, max_evals, max_n (skip weights whose long
-side exceeds it), dataset and data_dir (override where the train split is read: data_dir is the folder holding
-train.bin), train_tokens (windows come from the first N train tokens; -1 = the checkpoint's own data budget,
-0 = the whole split), json FILE, plot DIR.
+Options, --key=value as in train.py (DEFAULTS below): which (ckpt|best, for directories), windows, seed,
+block_size (0 = the model's), batch_size, device (auto|cpu|cuda|mps...), min_evals, max_evals, max_n (skip weights
+whose long side exceeds it), dataset and data_dir (override where the train split is read: data_dir is the folder
+holding train.bin), train_tokens (windows come from the first N train tokens; -1 = the checkpoint's own data
+budget, 0 = the whole split), json=FILE, plot=DIR. The windows are the first `windows` of the ones train.py
+measures saturation on (data.common.random_windows, block_size + 1 tokens, less their last token).
 
-JSON (--json FILE, written atomically), schema "nanonorm-analysis/1". Sections appear only for the
+JSON (--json=FILE, written atomically), schema "nanonorm-analysis/1". Sections appear only for the
 commands that compute them; every name is stable:
 {"schema": "nanonorm-analysis/1", "command": str, "settings": {option: value},
  "checkpoints": [{
@@ -41,7 +42,6 @@ commands that compute them; every name is stable:
    "alpha": {"layers": {name: {"alpha": float, "input_std": float, "inv_std": float}},
              "pearson": float|null}}]}
 """
-import json
 import math
 import os
 import sys
@@ -50,8 +50,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.common import DataError, atomic_write, load_split
-from model import load_checkpoint
+from configurator import configure
+from data.common import DataError, atomic_write, load_split, random_windows, write_json
+from model import load_checkpoint, pick_device
 
 COMMANDS = ("saturation", "spectra", "rank", "alpha", "all")
 DEFAULTS = dict(which="ckpt", windows=50, seed=1337, block_size=0, batch_size=10, device="auto",
@@ -128,11 +129,12 @@ def spectra(mats, evals, skipped):
         lmax = float(ev.max())
         layers[name] = dict(shape=list(mats[name].shape), num_evals=len(ev), **fit, lambda_max=lmax,
                             alpha_weighted=fit["alpha"] * math.log10(lmax), stable_rank=float(ev.sum() / lmax))
-    col = lambda k: [v[k] for v in layers.values()]
-    mean = lambda v: float(np.mean(v)) if v else None
-    return dict(layers=layers, skipped=skipped, mean_alpha=mean(col("alpha")),
-                median_alpha=float(np.median(col("alpha"))) if layers else None,
-                mean_alpha_weighted=mean(col("alpha_weighted")), mean_stable_rank=mean(col("stable_rank")))
+
+    def stat(f, key):
+        return float(f([v[key] for v in layers.values()])) if layers else None
+    return dict(layers=layers, skipped=skipped, mean_alpha=stat(np.mean, "alpha"),
+                median_alpha=stat(np.median, "alpha"), mean_alpha_weighted=stat(np.mean, "alpha_weighted"),
+                mean_stable_rank=stat(np.mean, "stable_rank"))
 
 # ----------------------------------------------------------------------------- model measurements
 
@@ -157,12 +159,10 @@ def weight_matrices(model, min_evals, max_evals, max_n):
 
 
 def sample_windows(data, count, block_size, seed):
-    """count random block_size-token windows of a token array, reproducible from seed."""
-    if len(data) <= block_size:
-        raise SystemExit(f"the split has {len(data)} tokens, too few for {block_size}-token windows; "
-                         f"pass a smaller --block_size")
-    starts = np.random.default_rng(seed).integers(0, len(data) - block_size, size=count)
-    return torch.from_numpy(np.stack([np.asarray(data[s:s + block_size]) for s in starts]).astype(np.int64))
+    """count random block_size-token windows of a token array, reproducible from seed: the first block_size
+    tokens of train.py's (block_size + 1)-token saturation windows, so that both measure on the same text."""
+    starts = random_windows(len(data), count, block_size + 1, seed)
+    return torch.from_numpy(np.stack([data[s:s + block_size] for s in starts]).astype(np.int64))
 
 
 @torch.no_grad()
@@ -206,7 +206,7 @@ def alpha_vs_std(norm_stats):
     return dict(layers=layers, pearson=r)
 
 
-def train_windows(model, ckpt, opts):
+def measurement_windows(model, ckpt, opts):
     """The fixed random windows the forward measurements use: from the train split, inside the checkpoint's
     data budget (its train_tokens prefix: the data the model was trained on) unless --train_tokens says otherwise."""
     cfg = ckpt.get("config", {})
@@ -222,7 +222,11 @@ def train_windows(model, ckpt, opts):
         raise SystemExit(f"analyze.py: {e}\n(or point to the data with --dataset=NAME / --data_dir=DIR)") from None
     budget = cfg.get("train_tokens") if opts["train_tokens"] < 0 else opts["train_tokens"]
     data = data[:budget] if budget else data
-    windows = sample_windows(data, opts["windows"], block_size, opts["seed"])
+    try:
+        windows = sample_windows(data, opts["windows"], block_size, opts["seed"])
+    except DataError as e:
+        raise SystemExit(f"analyze.py: {e} (--block_size=N),\nor draw them from the whole split "
+                         "(--train_tokens=0)") from None
     if int(windows.max()) >= model.config.vocab_size:
         raise SystemExit(f"analyze.py: dataset '{dataset}' has token ids >= the model's vocab_size "
                          f"{model.config.vocab_size}: not the data this model was trained on; pass --dataset=NAME")
@@ -235,11 +239,13 @@ def analyze(path, command, opts):
         model, ckpt = load_checkpoint(path, device=opts["device"])
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"analyze.py: {e}") from None
-    want = lambda c: command in (c, "all")
+
+    def want(section):
+        return command in (section, "all")
     res = dict(path=str(path), iter_num=ckpt.get("iter_num"), dataset=ckpt.get("config", {}).get("dataset"),
                norm=model.config.norm, model_args=ckpt["model_args"])
     if want("saturation") or want("alpha") or want("rank"):
-        res["dataset"], windows, tokens = train_windows(model, ckpt, opts)
+        res["dataset"], windows, tokens = measurement_windows(model, ckpt, opts)
         res["windows"] = dict(count=len(windows), block_size=windows.shape[1], seed=opts["seed"], split="train",
                               tokens=tokens)
         fs = forward_stats(model, windows, opts["batch_size"], block_ranks=want("rank"))
@@ -398,39 +404,33 @@ def make_plots(results, labels, esds, outdir):
 
 
 def parse_args(argv):
-    opts, pos, args = dict(DEFAULTS), [], iter(argv)
-    for a in args:
-        if not a.startswith("--"):
-            pos.append(a)
-            continue
-        key, eq, val = a[2:].partition("=")
-        if key not in DEFAULTS:
-            raise SystemExit(f"unknown option --{key}; known options: " + ", ".join(f"--{k}" for k in DEFAULTS))
-        if not eq:
-            val = next(args, None)
-            if val is None:
-                raise SystemExit(f"--{key} needs a value")
-        try:
-            opts[key] = type(DEFAULTS[key])(val)
-        except ValueError:
-            raise SystemExit(f"--{key}={val}: expected {type(DEFAULTS[key]).__name__}")
-    if not pos or pos[0] not in COMMANDS or len(pos) < 2:
+    """<command> <checkpoint or run dir> ... and --key=value options (configurator.configure checks them)."""
+    pos = [a for a in argv if not a.startswith("--")]
+    opts = configure(DEFAULTS, [a for a in argv if a.startswith("--")])
+    if len(pos) < 2 or pos[0] not in COMMANDS:
         raise SystemExit(f"usage: python analyze.py <{'|'.join(COMMANDS)}> <ckpt.pt | out_dir> [more ...] [--key=value ...]")
     if opts["which"] not in ("ckpt", "best"):
         raise SystemExit("--which must be ckpt or best")
     if opts["windows"] < 1 or opts["batch_size"] < 1:
         raise SystemExit("--windows and --batch_size must be positive")
-    if opts["device"] == "auto":
-        opts["device"] = "cuda" if torch.cuda.is_available() else "cpu"
-    if opts["device"].startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("--device=cuda but no CUDA device is available; use --device=cpu")
+    try:
+        opts["device"] = pick_device(opts["device"])
+    except ValueError as e:
+        raise SystemExit(f"analyze.py: {e}") from None
     return pos[0], pos[1:], opts
+
+
+def label(path):
+    """A checkpoint's column name: its run directory, plus the file's stem unless it is the default ckpt.pt."""
+    if not path.parent.name:
+        return path.stem
+    return path.parent.name if path.name == "ckpt.pt" else f"{path.parent.name}/{path.stem}"
 
 
 def main(argv):
     command, paths, opts = parse_args(argv)
     paths = [Path(p) / f"{opts['which']}.pt" if Path(p).is_dir() else Path(p) for p in paths]
-    labels = [p.parent.name + ("" if p.name == "ckpt.pt" else "/" + p.stem) or p.stem for p in paths]
+    labels = [label(p) for p in paths]
     labels = [lab if labels.count(lab) == 1 else f"{lab}#{k}" for k, lab in enumerate(labels)]
     out = [analyze(p, command, opts) for p in paths]
     results = [dict(label=lab, **r) for lab, (r, _) in zip(labels, out)]
@@ -438,7 +438,7 @@ def main(argv):
     if opts["json"]:
         doc = dict(schema="nanonorm-analysis/1", command=command, settings=opts, checkpoints=results)
         os.makedirs(os.path.dirname(os.path.abspath(opts["json"])), exist_ok=True)
-        atomic_write(opts["json"], lambda f: f.write(json.dumps(doc, indent=1).encode()))
+        write_json(opts["json"], doc)
         print(f"\nwrote {opts['json']}")
     if opts["plot"]:
         make_plots(results, labels, [e for _, e in out], opts["plot"])

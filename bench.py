@@ -17,7 +17,7 @@ from model import GPT, GPTConfig
 shape = dict(n_layer=4, n_head=8, n_embd=256, block_size=256, vocab_size=4096, bias=False)
 batch_size, steps, warmup, device = 8, 10, 3, 'cpu'
 for arg in sys.argv[1:]:  # --key=value for the names above
-    key, value = arg.removeprefix('--').split('=')
+    key, _, value = arg.removeprefix('--').partition('=')
     if key in shape:
         shape[key] = type(shape[key])(value) if key != 'bias' else value == 'True'
     elif key in ('batch_size', 'steps', 'warmup'):

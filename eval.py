@@ -5,22 +5,32 @@ Downstream evaluation of one or more checkpoints (SPEC section 6), comparable wi
 
 A directory stands for its ckpt.pt (the latest checkpoint); pass best.pt explicitly for the best-val one.
 Tasks (--tasks, comma separated; default all four):
-  lambada   OpenAI LAMBADA, 5153 passages. context = text up to its last space, target = " " + last word.
-            acc = share of passages whose every target token is the greedy argmax given the true prefix;
-            ppl = exp(-mean over passages of the target's summed log-prob).
-  blimp     every BLiMP paradigm file (67). A pair is right iff log P(" "+good | EOT) > log P(" "+bad | EOT)
-            (a tie is wrong). score = mean over paradigms; a field's score = mean over its paradigms.
-  wikitext  token-level perplexity of the WikiText-103 test split (data/wikitext103/test.bin).
-  val       token-level perplexity of a prepared dataset's val split (--dataset; default: the checkpoint's own).
+  lambada   OpenAI LAMBADA, 5153 passages. context = text up to its last space (none: EOT, as the harness does
+            for an empty context), target = " " + last word. acc = share of passages whose every target token
+            is the greedy argmax given the true prefix; ppl = exp(-mean over passages of the target's log-prob).
+  blimp     every BLiMP paradigm file (67). A pair is right iff log P(" "+good | EOT) >= log P(" "+bad | EOT):
+            a tie counts as right, as in lm-evaluation-harness (right iff argmax of [good, bad] is 0, and argmax
+            takes the first of equal values). score = mean over paradigms; a field's = mean over its paradigms.
+  wikitext  token-level perplexity of the WikiText-103 test split (data/wikitext103/, or --wikitext_dir).
+  val       token-level perplexity of the val split of the checkpoint's dataset, from the folder it trained on
+            (its data_dir, else data/<dataset>/); --dataset=NAME reads data/NAME/ instead; --data_dir=DIR is
+            the folder holding val.bin and meta.json, as in train.py.
+Everything is checked before any scoring: checkpoints, tokenizers, every task's data. Tasks named in --tasks
+must all run: any problem is an error. With the default list, a task that cannot run is skipped with a note
+saying how to fix it: LAMBADA/BLiMP that cannot be downloaded, a perplexity split not prepared, and wikitext
+for a checkpoint that is not GPT-2-tokenized (WikiText-103 exists only in GPT-2 BPE; a byte-level run has no
+wikitext figure). A val split tokenized unlike the checkpoint is always an error: its data changed since training.
 Perplexity uses consecutive windows of block_size + 1 tokens that share one token at the edges, as in training:
 every token but the first is predicted exactly once, from 1 to block_size tokens of context.
 Contexts longer than block_size are cut from the left. --limit caps the LAMBADA passages, the BLiMP pairs
 per paradigm and the perplexity windows. LAMBADA and BLiMP are downloaded into data/lambada/ and data/blimp/
 on first use (data/<name>/prepare.py); --lambada_dir / --blimp_dir point at copies made elsewhere.
+--tiktoken_file defaults to the one the run was trained with.
 
 --json FILE schema:
   {"args": {...the command-line options...},
    "checkpoints": [{"checkpoint": path, "iter_num": int|null, "tokenizer": "gpt2"|"byte", "model_args": {...},
+     "skipped": {task: why},
      "tasks": {
        "lambada":  {"n", "acc", "ppl", "seconds", "examples_per_s"},
        "blimp":    {"n" (pairs), "n_paradigms", "score", "fields": {field: score},
@@ -41,7 +51,7 @@ import torch
 from data.blimp import prepare as blimp
 from data.common import DataError, get_tokenizer, load_meta, load_split, write_json
 from data.lambada import prepare as lambada
-from model import load_checkpoint
+from model import load_checkpoint, pick_device
 
 TASKS = ("lambada", "blimp", "wikitext", "val")
 
@@ -102,8 +112,9 @@ def score(model, examples, batch_size, device, label="scoring"):
 def eval_lambada(model, tok, passages, limit, batch_size, device):
     examples = []
     for text in passages[:limit]:
-        context, word = text.rsplit(" ", 1)
-        examples.append((tok.encode(context), tok.encode(" " + word)))
+        context, word = text.rsplit(" ", 1) if " " in text else ("", text)
+        # an empty context becomes EOT, as in the harness (and every target needs a token before it)
+        examples.append((tok.encode(context) or [tok.eot], tok.encode(" " + word)))
     logprob, greedy = score(model, examples, batch_size, device, "lambada")
     return {"n": len(examples), "acc": sum(greedy) / len(greedy),
             "ppl": math.exp(-sum(logprob) / len(logprob))}
@@ -118,7 +129,7 @@ def eval_blimp(model, tok, paradigms, limit, batch_size, device):
     logprob, _ = score(model, examples, batch_size, device, "blimp")
     per_paradigm, by_field, k = {}, defaultdict(list), 0
     for pairs in paradigms:
-        right = [logprob[k + 2 * j] > logprob[k + 2 * j + 1] for j in range(len(pairs))]
+        right = [logprob[k + 2 * j] >= logprob[k + 2 * j + 1] for j in range(len(pairs))]  # tie: right
         k += 2 * len(pairs)
         first = pairs[0]
         per_paradigm[first["UID"]] = {"field": first["field"], "linguistics_term": first["linguistics_term"],
@@ -139,14 +150,19 @@ def eval_perplexity(model, tokens, limit, batch_size, device, label):
     return {"n": len(examples), "tokens": count, "loss": loss, "ppl": math.exp(loss)}
 
 
-def split_tokens(dataset, split, tokenizer, data_dir):
-    folder = os.path.join(data_dir, dataset) if data_dir else None  # None: data/<dataset>/
-    meta = load_meta(dataset, folder)
-    # token ids only mean something under the tokenizer the model was trained with
-    if meta.get("tokenizer") != tokenizer:
-        raise SystemExit(f"error: dataset '{dataset}' is tokenized with '{meta.get('tokenizer')}' but the "
-                         f"checkpoint uses '{tokenizer}'; evaluate it on a dataset prepared with '{tokenizer}'")
-    return load_split(dataset, split, folder)
+def check_checkpoint(path, args):
+    """Load a checkpoint on the CPU to check it and its tokenizer before any data is fetched or scored;
+    keeps what planning needs, not the weights (they are loaded again onto the device for scoring)."""
+    try:
+        model, ckpt = load_checkpoint(path)
+        tokenizer = ckpt.get("tokenizer", "gpt2")  # nanoGPT checkpoints predate the field and are all GPT-2 BPE
+        tok = get_tokenizer(tokenizer, args.tiktoken_file or ckpt.get("config", {}).get("tiktoken_file"))
+    except (FileNotFoundError, ValueError, DataError) as e:
+        raise SystemExit(f"error: {e}") from None
+    if tok.n_vocab > model.config.vocab_size:
+        raise SystemExit(f"error: {path} has {model.config.vocab_size} token embeddings, fewer than the "
+                         f"{tok.n_vocab} ids of its tokenizer '{tokenizer}'; is the 'tokenizer' entry wrong?")
+    return {"path": path, "tokenizer": tokenizer, "tok": tok, "config": ckpt.get("config", {})}
 
 
 def eval_set_dir(name, module, given):
@@ -158,58 +174,102 @@ def eval_set_dir(name, module, given):
         try:
             module.prepare()
         except (DataError, OSError) as e:  # OSError covers the requests errors
-            raise SystemExit(f"error: could not prepare {name}: {e}\nOr run `python data/{name}/prepare.py` on a "
-                             f"machine with internet and copy its data/{name}/ folder to {module.HERE}, "
-                             f"or pass --{name}_dir=DIR") from e
+            raise DataError(f"could not prepare {name}: {e}\nOr run `python data/{name}/prepare.py` on a machine "
+                            f"with internet and copy its data/{name}/ folder to {module.HERE}, "
+                            f"or pass --{name}_dir=DIR") from e
     return module.HERE
 
 
+def load_blimp(folder):
+    # every paradigm file in the folder (a folder of a few paradigms works too); name = UID
+    uids = sorted(f[:-len(".jsonl")] for f in os.listdir(folder) if f.endswith(".jsonl"))
+    if not uids:
+        raise DataError(f"no BLiMP paradigm files (<UID>.jsonl) in {folder}")
+    if len(uids) != len(blimp.UIDS):
+        print(f"note: {folder} holds {len(uids)} of BLiMP's {len(blimp.UIDS)} paradigms", file=sys.stderr)
+    return [blimp.load_paradigm(os.path.join(folder, f"{uid}.jsonl"), uid) for uid in uids]
+
+
+def cannot_run(args, task, why, where=""):
+    """A task that cannot run: an error when --tasks named it, else a note and the task is skipped."""
+    if args.explicit:
+        raise SystemExit(f"error: {where}{why}")
+    print(f"note: {where}skipping {task}: {why}", file=sys.stderr)
+    return why
+
+
 def load_eval_sets(args):
-    """LAMBADA passages and BLiMP paradigms (None when not asked for), read before any model loads so that a
-    missing set fails fast."""
-    passages = paradigms = None
-    try:
-        if "lambada" in args.tasks:
-            passages = lambada.load(eval_set_dir("lambada", lambada, args.lambada_dir))
-        if "blimp" in args.tasks:
-            folder = eval_set_dir("blimp", blimp, args.blimp_dir)
-            # every paradigm file in the folder (a folder of a few paradigms works too); name = UID
-            uids = sorted(f[:-len(".jsonl")] for f in os.listdir(folder) if f.endswith(".jsonl"))
-            if not uids:
-                raise DataError(f"no BLiMP paradigm files (<UID>.jsonl) in {folder}")
-            if len(uids) != len(blimp.UIDS):
-                print(f"note: {folder} holds {len(uids)} of BLiMP's {len(blimp.UIDS)} paradigms", file=sys.stderr)
-            paradigms = [blimp.load_paradigm(os.path.join(folder, f"{uid}.jsonl"), uid) for uid in uids]
-    except (DataError, OSError) as e:
-        raise SystemExit(f"error: {e}") from None
-    return passages, paradigms
+    """({task: LAMBADA passages / BLiMP paradigms}, {task: why it is not available}) for those asked for."""
+    sets, missing = {}, {}
+    for task, module, given in (("lambada", lambada, args.lambada_dir), ("blimp", blimp, args.blimp_dir)):
+        if task in args.tasks:
+            try:
+                folder = eval_set_dir(task, module, given)
+                sets[task] = lambada.load(folder) if task == "lambada" else load_blimp(folder)
+            except (DataError, OSError) as e:
+                missing[task] = cannot_run(args, task, str(e))
+    return sets, missing
 
 
-def evaluate(path, args, passages, paradigms):
+def perplexity_split(task, info, args):
+    """(dataset, tokens) of a checkpoint's wikitext or val task. DataError: not prepared, or wikitext for a
+    model that is not GPT-2-tokenized (both skipped in the default task list); SystemExit: wrong data."""
+    cfg = info["config"]
+    if task == "wikitext":
+        dataset, split, folder, option = "wikitext103", "test", args.wikitext_dir, "--wikitext_dir"
+    else:  # the folder the run trained from (train.py --data_dir), unless another dataset is asked for
+        dataset, split, option = args.dataset or cfg.get("dataset"), "val", "--data_dir"
+        folder = args.data_dir or (None if args.dataset else cfg.get("data_dir"))
+        if not dataset:
+            raise DataError(f"{info['path']} does not name its dataset; pass --dataset=NAME")
     try:
-        model, ckpt = load_checkpoint(path, device=args.device)
-    except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"error: {e}") from None
-    tokenizer = ckpt.get("tokenizer", "gpt2")  # nanoGPT checkpoints predate the field and are all GPT-2 BPE
-    tok = get_tokenizer(tokenizer, args.tiktoken_file)
-    if tok.n_vocab > model.config.vocab_size:
-        raise SystemExit(f"error: {path} has {model.config.vocab_size} token embeddings, fewer than the "
-                         f"{tok.n_vocab} ids of its tokenizer '{tokenizer}'; is the 'tokenizer' entry wrong?")
-    result = {"checkpoint": path, "iter_num": ckpt.get("iter_num"), "tokenizer": tokenizer,
-              "model_args": ckpt["model_args"], "tasks": {}}
-    common = dict(limit=args.limit, batch_size=args.batch_size, device=args.device)
+        have = load_meta(dataset, folder).get("tokenizer")
+        tokens = load_split(dataset, split, folder)
+    except DataError as e:
+        raise DataError(f"{e}\n(or give the folder holding {split}.bin and meta.json with {option}=DIR)") from None
+    # token ids only mean something under the tokenizer the model was trained with
+    why = f"dataset '{dataset}' is tokenized with '{have}' but {info['path']} uses '{info['tokenizer']}'"
+    if have != info["tokenizer"] and task == "wikitext":  # WikiText-103 is prepared in GPT-2 BPE only
+        raise DataError(f"{why}; wikitext perplexity needs a GPT-2-tokenized model")
+    if have != info["tokenizer"]:
+        raise SystemExit(f"error: {why}; evaluate on a dataset prepared with it (--dataset=NAME, --data_dir=DIR)")
+    if len(tokens) < 2:  # load_split refuses empty files; perplexity needs a token to predict and one before
+        raise SystemExit(f"error: the {split} split of '{dataset}' has 1 token, perplexity needs 2 or more; "
+                         f"rebuild it with: python data/{dataset}/prepare.py --force")
+    return dataset, tokens
+
+
+def plan(info, args, sets, missing):
+    """Each task's input for one checkpoint, all checked before any scoring: ({task: input}, {task: why not})."""
+    inputs, skipped = {}, {}
     for task in args.tasks:
+        if task in sets:
+            inputs[task] = sets[task]
+        elif task in missing:
+            skipped[task] = missing[task]
+        else:
+            try:
+                inputs[task] = perplexity_split(task, info, args)
+            except DataError as e:
+                skipped[task] = cannot_run(args, task, str(e), f"{info['path']}: ")
+    if not inputs:
+        raise SystemExit(f"error: nothing to evaluate for {info['path']}: every task was skipped (see the notes)")
+    return inputs, skipped
+
+
+def evaluate(info, inputs, skipped, args):
+    model, ckpt = load_checkpoint(info["path"], device=args.device)  # checked already: ValueError is unlikely
+    result = {"checkpoint": info["path"], "iter_num": ckpt.get("iter_num"), "tokenizer": info["tokenizer"],
+              "model_args": ckpt["model_args"], "skipped": skipped, "tasks": {}}
+    common = dict(limit=args.limit, batch_size=args.batch_size, device=args.device)
+    for task, data in inputs.items():
         t0 = time.time()
         if task == "lambada":
-            r = eval_lambada(model, tok, passages, **common)
+            r = eval_lambada(model, info["tok"], data, **common)
         elif task == "blimp":
-            r = eval_blimp(model, tok, paradigms, **common)
+            r = eval_blimp(model, info["tok"], data, **common)
         else:
-            own = args.dataset or ckpt.get("config", {}).get("dataset")
-            dataset = "wikitext103" if task == "wikitext" else own
-            if not dataset:
-                raise SystemExit(f"error: {path} does not name its dataset; pass --dataset=NAME")
-            tokens = split_tokens(dataset, "test" if task == "wikitext" else "val", tokenizer, args.data_dir)
+            dataset, tokens = data
             r = {"dataset": dataset, **eval_perplexity(model, tokens, label=task, **common)}
         r["seconds"] = time.time() - t0
         r["examples_per_s"] = r["n"] / max(r["seconds"], 1e-9)
@@ -218,21 +278,21 @@ def evaluate(path, args, passages, paradigms):
 
 
 def table(results):
-    """One row per metric, one column per checkpoint (every checkpoint ran the same tasks)."""
-    def cells(task, get, spec):
-        return [format(get(r["tasks"][task]), spec) for r in results]
-    tasks = results[0]["tasks"]
+    """One row per metric, one column per checkpoint; '-' where a checkpoint skipped the task."""
+    def row(label, task, get, spec):
+        return [label] + [format(get(r["tasks"][task]), spec) if task in r["tasks"] else "-" for r in results]
+    ran = {task: r["tasks"][task] for r in results for task in r["tasks"]}  # one result per task that ran
     lines = [["metric"] + [r["checkpoint"] for r in results]]
-    if "lambada" in tasks:
-        lines += [["lambada acc %"] + cells("lambada", lambda t: 100 * t["acc"], ".2f"),
-                  ["lambada ppl"] + cells("lambada", lambda t: t["ppl"], ".2f")]
-    if "blimp" in tasks:
-        lines += [["blimp (mean of paradigms)"] + cells("blimp", lambda t: t["score"], ".4f")]
-        lines += [[f"  blimp {field}"] + cells("blimp", lambda t: t["fields"][field], ".4f")
-                  for field in tasks["blimp"]["fields"]]
+    if "lambada" in ran:
+        lines += [row("lambada acc %", "lambada", lambda t: 100 * t["acc"], ".2f"),
+                  row("lambada ppl", "lambada", lambda t: t["ppl"], ".2f")]
+    if "blimp" in ran:  # the same paradigms, so the same fields, for every checkpoint
+        lines += [row("blimp (mean of paradigms)", "blimp", lambda t: t["score"], ".4f")]
+        lines += [row(f"  blimp {field}", "blimp", lambda t, f=field: t["fields"][f], ".4f")
+                  for field in ran["blimp"]["fields"]]
     for task, label in (("wikitext", "wikitext103 test ppl"), ("val", "val ppl")):
-        if task in tasks:
-            lines += [[label] + cells(task, lambda t: t["ppl"], ".2f")]
+        if task in ran:
+            lines += [row(label, task, lambda t: t["ppl"], ".2f")]
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     return "\n".join(line[0].ljust(widths[0]) + "".join("  " + c.rjust(w) for c, w in zip(line[1:], widths[1:]))
                      for line in lines)
@@ -242,18 +302,23 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
     p.add_argument("checkpoints", nargs="+", help="checkpoint files or run directories (-> their ckpt.pt)")
-    p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated subset of " + ",".join(TASKS))
+    p.add_argument("--tasks", default=None, help="comma-separated subset of " + ",".join(TASKS) + " (default all; "
+                   "then a task whose data is missing is skipped with a note)")
     p.add_argument("--limit", type=int, default=None, help="LAMBADA passages, BLiMP pairs per paradigm, windows")
     p.add_argument("--batch_size", type=int, default=8, help="sequences per forward pass (memory ~ B*T*vocab*8 B)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default="auto", help="auto (cuda, else mps, else cpu), cpu, cuda, cuda:1, mps")
     p.add_argument("--json", default=None, help="also write the results to this file")
     p.add_argument("--lambada_dir", default=None, help=f"folder holding {lambada.FILE} (default data/lambada/)")
     p.add_argument("--blimp_dir", default=None, help="folder of BLiMP <UID>.jsonl files (default data/blimp/)")
+    p.add_argument("--wikitext_dir", default=None, help="folder with WikiText-103's test.bin and meta.json "
+                   "(default data/wikitext103/)")
     p.add_argument("--dataset", default=None, help="dataset for the val task (default: the checkpoint's)")
-    p.add_argument("--data_dir", default=None, help="root of the prepared datasets (default data/)")
-    p.add_argument("--tiktoken_file", default=None, help="GPT-2 .tiktoken ranks file (machines without internet)")
+    p.add_argument("--data_dir", default=None, help="folder with the val task's val.bin and meta.json "
+                   "(default: the checkpoint's data_dir, else data/<dataset>/)")
+    p.add_argument("--tiktoken_file", default=None, help="GPT-2 .tiktoken ranks file (default: the run's own)")
     args = p.parse_args(argv)
-    args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    args.explicit = args.tasks is not None  # tasks named by the user must all run
+    args.tasks = [t.strip() for t in (args.tasks or ",".join(TASKS)).split(",") if t.strip()]
     unknown = [t for t in args.tasks if t not in TASKS]
     if unknown or not args.tasks:
         p.error(f"unknown task(s) {unknown}; choose from {','.join(TASKS)}")
@@ -264,14 +329,21 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(argv)
-    passages, paradigms = load_eval_sets(args)
+    try:
+        args.device = pick_device(args.device)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    # every check before any scoring; the checkpoints first, so a mistyped path downloads nothing
+    infos = [check_checkpoint(path, args) for path in args.checkpoints]
+    sets, missing = load_eval_sets(args)
+    plans = [plan(info, args, sets, missing) for info in infos]
     results = []
-    for path in args.checkpoints:
-        print(f"{path}:", file=sys.stderr)
+    for info, (inputs, skipped) in zip(infos, plans):
+        print(f"{info['path']}:", file=sys.stderr)
         try:
-            results.append(evaluate(path, args, passages, paradigms))
-        except DataError as e:  # an unprepared data set or no GPT-2 ranks file: the message says what to do
-            raise SystemExit(f"error: {e}") from None
+            results.append(evaluate(info, inputs, skipped, args))
+        except (FileNotFoundError, ValueError) as e:  # e.g. a LAMBADA target longer than block_size
+            raise SystemExit(f"error: {info['path']}: {e}") from None
     print(table(results))
     if args.json:
         write_json(args.json, {"args": vars(args), "checkpoints": results})  # atomic: temp file, then rename

@@ -383,7 +383,7 @@ class GPT(nn.Module):
             peak_flops = next((flops for gpu, flops in PEAK_FLOPS.items() if gpu in name), None)
         if peak_flops is None:
             return None
-        cfg = self.config
+        cfg = self.config  # nanoGPT's count: Differential Attention's second softmax map is not counted
         flops_per_token = 6 * self.get_num_params() + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
         return flops_per_token * cfg.block_size * fwdbwd_per_iter / dt / peak_flops
 

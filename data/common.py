@@ -73,6 +73,7 @@ class WrongFile(Exception):
 
 def _try(url, part, headers, size, timeout, retries, backoff):
     """Fetch `url` into `part`, retrying with backoff; None on success, else what went wrong."""
+    what = "not tried (retries=0)"
     for attempt in range(retries):
         if attempt:
             time.sleep(backoff * 2 ** (attempt - 1))

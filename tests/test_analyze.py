@@ -8,8 +8,15 @@ import torch
 
 import analyze
 import model as M
+from data.common import random_windows
 
-torch.set_num_threads(2)
+
+@pytest.fixture(scope="module", autouse=True)
+def two_threads():
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(old)
 
 
 # ---------------------------------------------------------------------------------------------- power-law fit
@@ -111,6 +118,37 @@ def test_weight_filters_follow_eigenvalue_count():
 
 # ---------------------------------------------------------------------------------------------- saturation
 
+THRESHOLDS = [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
+
+
+def hooked_saturation(model, windows, batch_size):
+    """The study's definition, computed independently: hook every DyT layer and record alpha*x; per batch, pool
+    all layers and take the fraction above t; mean over (equal-sized) batches. Per layer: its pooled fraction."""
+    assert len(windows) % batch_size == 0
+    seen = {}
+    dyts = [(n, m) for n, m in model.named_modules() if isinstance(m, M.DyT)]
+    hooks = [m.register_forward_hook(lambda m, i, o, n=n: seen.setdefault(n, []).append((m.alpha * i[0]).detach()))
+             for n, m in dyts]
+    with torch.no_grad():
+        for k in range(0, len(windows), batch_size):
+            model(windows[k:k + batch_size])
+    for h in hooks:
+        h.remove()
+    batches = len(windows) // batch_size
+    per_batch = [[np.mean(np.concatenate([seen[n][b].abs().flatten().numpy() for n, _ in dyts]) > t)
+                  for t in THRESHOLDS] for b in range(batches)]
+    layers = {n: [np.mean(np.concatenate([a.abs().flatten().numpy() for a in seen[n]]) > t) for t in THRESHOLDS]
+              for n, _ in dyts}
+    return np.mean(per_batch, axis=0), layers
+
+
+def pearson(x, y):
+    """Pearson r written out: cov / (sd_x sd_y)."""
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    return (sum((a - mx) * (b - my) for a, b in zip(x, y))
+            / math.sqrt(sum((a - mx) ** 2 for a in x) * sum((b - my) ** 2 for b in y)))
+
+
 def test_saturation_equals_hooked_alpha_x():
     torch.manual_seed(0)
     model = M.GPT(M.GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, norm="dyt",
@@ -120,28 +158,13 @@ def test_saturation_equals_hooked_alpha_x():
         for k, (_, layer) in enumerate(model.norm_layers()):
             layer.alpha.fill_(0.5 + 0.5 * k)
     windows = analyze.sample_windows(np.arange(1000, dtype=np.uint16) % 64, 6, 16, seed=5)
-    # The study's definition, computed independently: hook every DyT layer, record alpha*x; per batch pool all
-    # layers and take the fraction above t; mean over (equal) batches. Per layer: its pooled fraction.
-    thresholds = [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
-    seen = {}
-    dyts = [(n, m) for n, m in model.named_modules() if isinstance(m, M.DyT)]
-    assert len(dyts) == 5
-    hooks = [m.register_forward_hook(lambda m, i, o, n=n: seen.setdefault(n, []).append((m.alpha * i[0]).detach()))
-             for n, m in dyts]
-    with torch.no_grad():
-        for b in range(2):
-            model(windows[3 * b:3 * b + 3])
-    for h in hooks:
-        h.remove()
-    per_batch = [[np.mean(np.concatenate([seen[n][b].abs().flatten().numpy() for n, _ in dyts]) > t) for t in thresholds]
-                 for b in range(2)]
-    want_global = np.mean(per_batch, axis=0)
+    want_global, want_layers = hooked_saturation(model, windows, batch_size=3)
     stats = analyze.forward_stats(model, windows, batch_size=3)["norm"]
     np.testing.assert_allclose(stats["saturation"], want_global, atol=1e-6)
-    for n, _ in dyts:
-        want = [np.mean(np.concatenate([a.abs().flatten().numpy() for a in seen[n]]) > t) for t in thresholds]
+    assert len(want_layers) == 5
+    for n, want in want_layers.items():
         np.testing.assert_allclose(stats["layers"][n]["saturation"], want, atol=1e-6)
-    assert 0.05 < want_global[3] < 0.95 and len({round(stats["layers"][n]["saturation"][3], 4) for n, _ in dyts}) > 2
+    assert 0.05 < want_global[3] < 0.95 and len({round(w[3], 4) for w in want_layers.values()}) > 2
 
 
 def test_block_output_effective_rank_matches_direct_svd():
@@ -167,10 +190,7 @@ def test_alpha_against_inverse_std_pearson():
                         "c": dict(kind="dyt", alpha=4.0, input_std=0.5), "n": dict(kind="layernorm", alpha=None, input_std=3.0)}}
     got = analyze.alpha_vs_std(stats)
     assert list(got["layers"]) == ["a", "b", "c"] and got["layers"]["b"]["inv_std"] == 4.0
-    x, y = [1.0, 2.0, 4.0], [1.0, 4.0, 2.0]   # Pearson r written out: cov / (sd_x sd_y)
-    mx, my = sum(x) / 3, sum(y) / 3
-    r = sum((a - mx) * (b - my) for a, b in zip(x, y)) / math.sqrt(sum((a - mx) ** 2 for a in x) * sum((b - my) ** 2 for b in y))
-    assert got["pearson"] == pytest.approx(r)
+    assert got["pearson"] == pytest.approx(pearson([1.0, 2.0, 4.0], [1.0, 4.0, 2.0]))
 
 
 # ---------------------------------------------------------------------------------------------- command line
@@ -188,10 +208,15 @@ def dataset(tmp_path):
 
 
 def make_ckpt(tmp_path, name, data_dir, **cfg):
-    """A checkpoint in train.py's format, written here so that the test does not depend on train.py."""
+    """A checkpoint in train.py's format, written here so that the test does not depend on train.py. DyT alphas
+    are drawn at random (as after training they differ per layer), so that their correlation is defined."""
     args = dict(n_layer=2, n_head=2, n_embd=64, block_size=16, vocab_size=VOCAB, bias=False, **cfg)
     torch.manual_seed(0)
     model = M.GPT(M.GPTConfig(**args))
+    with torch.no_grad():
+        for _, layer in model.norm_layers():
+            if isinstance(layer, M.DyT):
+                layer.alpha.uniform_(0.5, 3.0)
     out = tmp_path / name
     out.mkdir()
     torch.save(dict(model=model.state_dict(), optimizer={}, model_args=args, iter_num=7, best_val_loss=5.0,
@@ -221,6 +246,9 @@ def test_every_command_runs_and_json_holds_documented_fields(tmp_path, dataset, 
         assert (section in c) == (section in SECTIONS[command])
     text = capsys.readouterr().out
     is_dyt = norm == "dyt"
+    weights = torch.load(out / "ckpt.pt", weights_only=True)["model"]
+    alphas = {k.removesuffix(".alpha"): v.item() for k, v in weights.items() if k.endswith(".alpha")}
+    assert len(alphas) == (5 if is_dyt else 0)
     if "saturation" in c:
         s = c["saturation"]
         assert c["windows"] == dict(count=6, block_size=16, seed=1337, split="train", tokens=4000)
@@ -228,7 +256,8 @@ def test_every_command_runs_and_json_holds_documented_fields(tmp_path, dataset, 
         assert len(s["layers"]) == 5 and all(l["input_std"] > 0 for l in s["layers"].values())
         if is_dyt:
             assert len(s["global"]) == 6 and s["global_at_2"] == s["global"][3]
-            assert all(len(l["saturation"]) == 6 and l["alpha"] == 2.0 for l in s["layers"].values())
+            assert all(len(l["saturation"]) == 6 for l in s["layers"].values())
+            assert {n: l["alpha"] for n, l in s["layers"].items()} == pytest.approx(alphas)
         else:
             assert s["global"] is None and s["global_at_2"] is None
             assert "saturation is defined for DyT layers only" in text
@@ -243,15 +272,46 @@ def test_every_command_runs_and_json_holds_documented_fields(tmp_path, dataset, 
         r = c["rank"]
         assert len(r["blocks"]) == 2 and r["mean_blocks"] == pytest.approx(sum(r["blocks"]) / 2)
         assert all(1 <= v <= 64 for v in r["blocks"] + list(r["weights"].values()))
-        w = dict(torch.load(out / "ckpt.pt", weights_only=True)["model"])["transformer.h.0.mlp.c_fc.weight"]
-        assert r["weights"]["transformer.h.0.mlp.c_fc"] == pytest.approx(
-            analyze.effective_rank(np.linalg.svd(w.double().numpy(), compute_uv=False)), rel=1e-9)
+        # Roy & Vetterli written out: exp of the entropy of the singular values normalised to sum 1
+        p = np.linalg.svd(weights["transformer.h.0.mlp.c_fc.weight"].double().numpy(), compute_uv=False)
+        p = p / p.sum()
+        assert r["weights"]["transformer.h.0.mlp.c_fc"] == pytest.approx(math.exp(-sum(p * np.log(p))), rel=1e-9)
     if "alpha" in c:
         a = c["alpha"]
         assert len(a["layers"]) == (5 if is_dyt else 0)
+        assert {n: l["alpha"] for n, l in a["layers"].items()} == pytest.approx(alphas)
         for l in a["layers"].values():
-            assert l["inv_std"] == pytest.approx(1 / l["input_std"]) and l["alpha"] == 2.0
-        assert a["pearson"] is None   # every alpha still at its init: no correlation defined
+            assert l["inv_std"] == pytest.approx(1 / l["input_std"])
+        if is_dyt:
+            names = list(alphas)
+            want = pearson([alphas[n] for n in names], [1 / a["layers"][n]["input_std"] for n in names])
+            assert a["pearson"] == pytest.approx(want, rel=1e-9)
+        else:
+            assert a["pearson"] is None
+
+
+def test_windows_are_the_first_of_train_pys(tmp_path, dataset):
+    # train.py measures saturation on random_windows(n_train, count, block_size + 1, seed 1337); analyze must use
+    # the first --windows of them (their first block_size tokens), inside the --train_tokens prefix.
+    out = make_ckpt(tmp_path, "dyt", dataset, norm="dyt", dyt_alpha=2.0)
+    model, ck = M.load_checkpoint(out / "ckpt.pt")
+    with torch.no_grad():   # inputs of order 1, so that the fractions lie well inside (0, 1)
+        model.transformer.wte.weight.mul_(50)
+    torch.save(dict(ck, model=model.state_dict()), out / "ckpt.pt")
+    js = tmp_path / "w.json"
+    analyze.main(["saturation", str(out), f"--json={js}", "--windows=6", "--batch_size=3", "--train_tokens=1000"])
+    got = json.loads(js.read_text())["checkpoints"][0]
+    data = np.fromfile(dataset / "train.bin", dtype=np.uint16)
+    starts = random_windows(1000, 50, 17, seed=1337)[:6]
+    assert starts.max() + 17 <= 1000
+    windows = torch.from_numpy(np.stack([data[s:s + 16] for s in starts]).astype(np.int64))
+    want_global, want_layers = hooked_saturation(model, windows, batch_size=3)
+    assert got["windows"] == dict(count=6, block_size=16, seed=1337, split="train", tokens=1000)
+    np.testing.assert_allclose(got["saturation"]["global"], want_global, atol=1e-6)
+    for n, want in want_layers.items():
+        np.testing.assert_allclose(got["saturation"]["layers"][n]["saturation"], want, atol=1e-6)
+    # far from 0 and 1 and different per layer, so that other windows would give other fractions
+    assert 0.05 < want_global[3] < 0.95 and len({round(w[3], 4) for w in want_layers.values()}) > 2
 
 
 def test_side_by_side_best_and_plots(tmp_path, dataset, capsys):
@@ -259,7 +319,7 @@ def test_side_by_side_best_and_plots(tmp_path, dataset, capsys):
     (dyt / "ckpt.pt").rename(dyt / "best.pt")
     (ln / "ckpt.pt").rename(ln / "best.pt")
     res = analyze.main(["all", str(ln), str(dyt), "--which=best", "--windows=4", f"--plot={tmp_path / 'figs'}",
-                        "--json", str(tmp_path / "b.json")])
+                        f"--json={tmp_path / 'b.json'}"])
     assert [r["label"] for r in res] == ["run-ln/best", "run-dyt/best"]
     text = capsys.readouterr().out
     header = next(line for line in text.splitlines() if "run-ln/best" in line)
@@ -279,13 +339,19 @@ def test_bad_input_gives_clear_errors(tmp_path, dataset):
     cases = [
         (["spectra", str(tmp_path / "nowhere")], "no checkpoint"),
         (["spectra", str(run), "--which=best"], "no checkpoint"),
-        (["spectra", str(run), "--bogus=1"], "unknown option --bogus"),
-        (["spectra", str(run), "--windows=x"], "expected int"),
+        (["spectra", str(run), "--bogus=1"], "unknown config key 'bogus'"),
+        (["spectra", str(run), "--window=6"], "did you mean windows"),
+        (["spectra", str(run), "--windows=x"], "must be int"),
+        (["spectra", str(run), "--windows", "6"], "expected --key=value"),
+        (["spectra", str(run), "--device=gpu"], "not a device name"),
         (["nonsense", str(run)], "usage"),
         (["saturation", str(run), f"--data_dir={tmp_path}"], "not prepared"),
         (["saturation", str(run), "--dataset=nodata"], "python data/nodata/prepare.py"),
         (["rank", str(run), "--block_size=32"], "exceeds the model's 16"),
+        (["rank", str(run), "--train_tokens=10"], "too few for windows of 17 tokens"),
     ]
+    if not torch.cuda.is_available():
+        cases.append((["spectra", str(run), "--device=cuda"], "no cuda device"))
     (tmp_path / "corrupt.pt").write_bytes(b"not a checkpoint")
     cases.append((["spectra", str(tmp_path / "corrupt.pt")], "cannot read checkpoint"))
     ck = torch.load(run / "ckpt.pt", weights_only=True)

@@ -3,6 +3,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+import data.common
 import eval as ev
 from model import GPT, GPTConfig
 
@@ -68,6 +70,11 @@ def test_lambada_rule():
     shown = [row.tolist() for batch in model.seen for row in batch]
     assert [5, 0, 6, 1, 0, 1, 2] in shown  # "e fa abc" without its last token, unpadded (the longest)
     assert ev.eval_lambada(Favorite(NEXT), CharTok(), passages, 1, 2, "cpu")["n"] == 1  # --limit
+    # no space: EOT is the context (the harness's empty context) and " abd" the target: ' ' a b right, d wrong
+    model = Favorite(NEXT)
+    r = ev.eval_lambada(model, CharTok(), ["abd"], limit=None, batch_size=1, device="cpu")
+    assert model.seen[0].tolist() == [[7, 0, 1, 2]]
+    assert r["acc"] == 0 and r["ppl"] == pytest.approx(math.exp(-(3 * L3 + L1)))
 
 
 def test_truncation_from_the_left():
@@ -94,13 +101,15 @@ def test_blimp_rule():
                  "UID": f"p_{field}_{len(sentences)}", "pairID": str(i)} for i, (g, b) in enumerate(sentences)]
     paradigms = [pairs("syntax", ("aa", "ab"), ("ab", "aa")),                 # right, wrong -> 0.5
                  pairs("syntax", ("aa", "ab"), ("aa", "ac"), ("aa", "ab")),   # 1.0
-                 pairs("morphology", ("ab", "ac"))]                           # a tie counts as wrong -> 0.0
+                 pairs("morphology", ("ab", "ac"), ("ab", "aa"))]             # tie, wrong -> 0.5
+    # a tie counts as right, as in lm-evaluation-harness: acc = (argmax([ll_good, ll_bad]) == 0), and
+    # np.argmax returns the first of equal values
     model = Favorite(NEXT, anchored=True)
     r = ev.eval_blimp(model, CharTok(), paradigms, limit=None, batch_size=3, device="cpu")
     assert all(row[0] == 7 for batch in model.seen for row in batch.tolist())
-    assert r["n"] == 6 and r["n_paradigms"] == 3
-    assert r["score"] == pytest.approx((0.5 + 1.0 + 0.0) / 3)  # mean over paradigms, not over pairs (4/6)
-    assert r["fields"] == pytest.approx({"morphology": 0.0, "syntax": 0.75})
+    assert r["n"] == 7 and r["n_paradigms"] == 3
+    assert r["score"] == pytest.approx((0.5 + 1.0 + 0.5) / 3)  # mean over paradigms, not over pairs (5/7)
+    assert r["fields"] == pytest.approx({"morphology": 0.5, "syntax": 0.75})
     assert r["paradigms"]["p_syntax_2"] == {"field": "syntax", "linguistics_term": "term", "n": 2, "acc": 0.5}
     assert ev.eval_blimp(model, CharTok(), paradigms, 1, 3, "cpu")["paradigms"]["p_syntax_3"]["n"] == 1  # --limit
 
@@ -135,25 +144,38 @@ def test_batched_equals_one_at_a_time(variant):
     assert ok == [e[1] for e in expected] and ok[-2:] == [True, True]
 
 
-def tiny_checkpoint(path, seed, dataset):
+def tiny_checkpoint(path, seed, dataset, **config):
     torch.manual_seed(seed)
     cfg = GPTConfig(block_size=64, vocab_size=320, n_layer=2, n_head=2, n_embd=32)
     model = GPT(cfg)
     torch.save({"model": model.state_dict(), "optimizer": {}, "model_args": dataclasses.asdict(cfg),
-                "config": {"dataset": dataset}, "iter_num": 10 * seed, "best_val_loss": 5.0, "best_iter": 0,
-                "tokenizer": "byte"}, path)
+                "config": {"dataset": dataset, **config}, "iter_num": 10 * seed, "best_val_loss": 5.0,
+                "best_iter": 0, "tokenizer": "byte"}, path)
     return model
 
 
-def write_dataset(root, name, split, tokens, tokenizer="byte"):
-    os.makedirs(root / name, exist_ok=True)
-    np.asarray(tokens, dtype=np.uint16).tofile(root / name / f"{split}.bin")
-    with open(root / name / "meta.json", "w") as f:
+def write_dataset(folder, split, tokens, tokenizer="byte"):
+    os.makedirs(folder, exist_ok=True)
+    np.asarray(tokens, dtype=np.uint16).tofile(folder / f"{split}.bin")
+    with open(folder / "meta.json", "w") as f:
         json.dump({"tokenizer": tokenizer, "vocab_size": 257, "train_tokens": 0}, f)
 
 
+def write_blimp(folder, paradigms):
+    os.makedirs(folder)
+    for uid, field, good, bad in paradigms:
+        write_jsonl(folder / f"{uid}.jsonl", [{"sentence_good": good, "sentence_bad": bad, "field": field,
+                                               "linguistics_term": "term", "UID": uid, "pairID": str(i)}
+                                              for i in range(2)])
+
+
+VAL = torch.randint(0, 256, (200,), generator=torch.Generator().manual_seed(3)).tolist()
+
+
 def test_cli_end_to_end(tmp_path):
-    models = [tiny_checkpoint(tmp_path / f"ckpt{s}.pt", s, "tiny") for s in (1, 2)]
+    # trained with --data_dir=<tmp>/scratch/x: the val task reads that folder (not <data_dir>/tiny/)
+    models = [tiny_checkpoint(tmp_path / f"ckpt{s}.pt", s, "tiny", data_dir=str(tmp_path / "scratch" / "x"))
+              for s in (1, 2)]
     write_jsonl(tmp_path / "lambada_test.jsonl", [
         {"text": "The old man looked at the sea for a long time. He knew the fish was still there, deep below "
                  "the boat. He waited with the line in his hands until the sun went down, and then he spoke to "
@@ -161,25 +183,18 @@ def test_cli_end_to_end(tmp_path):
         {"text": "She opened the letter slowly. It was from her brother, who had left the village years ago. "
                  "He wrote that he would come home in spring, and she read the letter again and again"},
         {"text": "Short one"}])
-    blimp = tmp_path / "blimp"
-    os.makedirs(blimp)
-    for uid, field, good, bad in [("anaphor_gender_agreement", "morphology", "Katherine can't help herself.",
-                                   "Katherine can't help himself."),
-                                  ("adjunct_island", "syntax", "Who should Derek hug after shocking Richard?",
-                                   "Who should Derek hug Richard after shocking?"),
-                                  ("existential_there_quantifiers_1", "semantics", "There was a cat.",
-                                   "There was every cat.")]:
-        write_jsonl(blimp / f"{uid}.jsonl", [{"sentence_good": good, "sentence_bad": bad, "field": field,
-                                              "linguistics_term": "term", "UID": uid, "pairID": str(i)}
-                                             for i in range(2)])
-    val = torch.randint(0, 256, (200,), generator=torch.Generator().manual_seed(3)).tolist()
-    write_dataset(tmp_path, "tiny", "val", val)
-    write_dataset(tmp_path, "wikitext103", "test", val[:100])
+    write_blimp(tmp_path / "blimp", [
+        ("anaphor_gender_agreement", "morphology", "Katherine can't help herself.", "Katherine can't help himself."),
+        ("adjunct_island", "syntax", "Who should Derek hug after shocking Richard?",
+         "Who should Derek hug Richard after shocking?"),
+        ("existential_there_quantifiers_1", "semantics", "There was a cat.", "There was every cat.")])
+    write_dataset(tmp_path / "scratch" / "x", "val", VAL)
+    write_dataset(tmp_path / "wt", "test", VAL[:100])  # a byte-level copy, so this byte model can read it
     out = tmp_path / "results.json"
     proc = subprocess.run([sys.executable, "eval.py", str(tmp_path / "ckpt1.pt"), str(tmp_path / "ckpt2.pt"),
                            "--tasks=lambada,blimp,wikitext,val", "--batch_size=2", "--device=cpu",
-                           f"--lambada_dir={tmp_path}", f"--blimp_dir={blimp}",
-                           f"--data_dir={tmp_path}", f"--json={out}"],
+                           f"--lambada_dir={tmp_path}", f"--blimp_dir={tmp_path / 'blimp'}",
+                           f"--wikitext_dir={tmp_path / 'wt'}", f"--json={out}"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "ckpt1.pt" in proc.stdout and "ckpt2.pt" in proc.stdout and "blimp morphology" in proc.stdout
@@ -188,7 +203,7 @@ def test_cli_end_to_end(tmp_path):
     assert set(doc["args"]) >= {"tasks", "limit", "batch_size", "device"}
     assert [c["iter_num"] for c in doc["checkpoints"]] == [10, 20]
     for model, res in zip(models, doc["checkpoints"]):
-        assert res["tokenizer"] == "byte" and res["model_args"]["n_embd"] == 32
+        assert res["tokenizer"] == "byte" and res["model_args"]["n_embd"] == 32 and res["skipped"] == {}
         t = res["tasks"]
         assert t["lambada"]["n"] == 3 and 0 <= t["lambada"]["acc"] <= 1
         assert set(t["blimp"]["fields"]) == {"morphology", "syntax", "semantics"}
@@ -197,7 +212,7 @@ def test_cli_end_to_end(tmp_path):
         # val perplexity against the model's own loss: windows of 64 predicted tokens, each token once
         nll = 0.0
         for s in range(0, 199, 64):
-            x, y = torch.tensor([val[s:s + 64]]), torch.tensor([val[s + 1:s + 65]])
+            x, y = torch.tensor([VAL[s:s + 64]]), torch.tensor([VAL[s + 1:s + 65]])
             n = y.shape[1]
             nll += model(x[:, :n], y)[1].item() * n
         assert t["val"]["tokens"] == 199 and t["val"]["dataset"] == "tiny"
@@ -211,33 +226,102 @@ def test_cli_end_to_end(tmp_path):
         assert t["lambada"]["ppl"] == pytest.approx(math.exp(-sum(summed) / 3), rel=1e-4)
 
 
-def test_bad_input_errors(tmp_path, capsys, monkeypatch):
+@pytest.fixture
+def offline(tmp_path, monkeypatch):
+    """No network and an empty data/: LAMBADA and BLiMP downloads fail, no dataset is prepared."""
+    calls = []
+
+    def prepare(out_dir=None):
+        calls.append(out_dir)
+        raise ev.DataError("could not download it")
+    for module in (ev.lambada, ev.blimp):
+        monkeypatch.setattr(module, "HERE", str(tmp_path / "absent"))
+        monkeypatch.setattr(module, "prepare", prepare)
+    monkeypatch.setattr(data.common, "DATA_DIR", str(tmp_path / "data"))
+    return calls
+
+
+def test_default_tasks_skip_what_cannot_run(tmp_path, offline, capsys):
+    tiny_checkpoint(tmp_path / "a.pt", 1, "tiny", data_dir=str(tmp_path / "x"))
+    tiny_checkpoint(tmp_path / "b.pt", 2, "other")  # data/other/ is not prepared
+    write_dataset(tmp_path / "x", "val", VAL)
+    write_blimp(tmp_path / "blimp", [("passive_1", "syntax", "The cat was seen.", "The cat was arrived.")])
+    out = tmp_path / "r.json"
+    ev.main([str(tmp_path / "a.pt"), str(tmp_path / "b.pt"), f"--blimp_dir={tmp_path / 'blimp'}",
+             "--device=cpu", f"--json={out}"])
+    captured = capsys.readouterr()
+    assert "skipping lambada: could not prepare lambada" in captured.err
+    assert re.search(r"a\.pt: skipping wikitext: .*python data/wikitext103/prepare.py", captured.err)
+    assert re.search(r"b\.pt: skipping val: .*python data/other/prepare.py", captured.err)
+    a, b = json.loads(out.read_text())["checkpoints"]
+    assert set(a["tasks"]) == {"blimp", "val"} and set(a["skipped"]) == {"lambada", "wikitext"}
+    assert set(b["tasks"]) == {"blimp"} and set(b["skipped"]) == {"lambada", "wikitext", "val"}
+    assert re.search(r"val ppl +[0-9.]+ +-\n", captured.out + "\n")  # b's column shows it did not run
+    # WikiText-103 prepared (GPT-2 BPE): still skipped for this byte-level model, with the reason
+    write_dataset(tmp_path / "data" / "wikitext103", "test", range(100), tokenizer="gpt2")
+    (r,) = ev.main([str(tmp_path / "a.pt"), f"--blimp_dir={tmp_path / 'blimp'}", "--device=cpu"])
+    assert "needs a GPT-2-tokenized model" in r["skipped"]["wikitext"] and "val" in r["tasks"]
+
+
+def test_problems_are_found_before_any_scoring(tmp_path, offline, monkeypatch):
+    def no_scoring(*args, **kwargs):
+        raise AssertionError("scored before every input was checked")
+    monkeypatch.setattr(ev, "score", no_scoring)
+    tiny_checkpoint(tmp_path / "a.pt", 1, "tiny", data_dir=str(tmp_path / "x"))
+    write_dataset(tmp_path / "x", "val", VAL)
+    # a task named in --tasks must run: val is ready, but wikitext is not prepared
+    with pytest.raises(SystemExit, match=r"(?s)wikitext103/meta.json not found.*prepare.py.*--wikitext_dir"):
+        ev.main([str(tmp_path / "a.pt"), "--tasks=val,wikitext"])
+    # the second checkpoint's data is checked before the first one is scored
+    tiny_checkpoint(tmp_path / "b.pt", 2, "other")
+    with pytest.raises(SystemExit, match=r"(?s)other/meta.json not found.*prepare.py.*--data_dir"):
+        ev.main([str(tmp_path / "a.pt"), str(tmp_path / "b.pt"), "--tasks=val"])
+    # a val split in another tokenizer is an error even with the default task list
+    write_dataset(tmp_path / "x", "val", range(100), tokenizer="gpt2")
+    with pytest.raises(SystemExit, match="tokenized with 'gpt2' but .*a.pt uses 'byte'"):
+        ev.main([str(tmp_path / "a.pt"), f"--blimp_dir={tmp_path}"])
+    write_dataset(tmp_path / "x", "val", [5])  # one token: nothing to predict
+    with pytest.raises(SystemExit, match="has 1 token, perplexity needs 2 or more"):
+        ev.main([str(tmp_path / "a.pt"), "--tasks=val"])
+    # explicit eval sets that are missing
+    with pytest.raises(SystemExit, match="lambada_test.jsonl not found"):
+        ev.main([str(tmp_path / "a.pt"), "--tasks=lambada", f"--lambada_dir={tmp_path}"])
+    with pytest.raises(SystemExit, match="no BLiMP paradigm files"):
+        ev.main([str(tmp_path / "a.pt"), "--tasks=blimp", f"--blimp_dir={tmp_path}"])
+    with pytest.raises(SystemExit, match=r"python data/lambada/prepare.py.*--lambada_dir"):
+        ev.main([str(tmp_path / "a.pt"), "--tasks=lambada"])
+
+
+def test_val_data_dir(tmp_path, offline):
+    # --data_dir is the folder with val.bin (as in train.py); --dataset=NAME reads data/NAME/, not the run's
+    tiny_checkpoint(tmp_path / "a.pt", 1, "tiny", data_dir=str(tmp_path / "moved"))
+    write_dataset(tmp_path / "y", "val", VAL[:65])
+    (r,) = ev.main([str(tmp_path / "a.pt"), "--tasks=val", f"--data_dir={tmp_path / 'y'}", "--device=cpu"])
+    assert r["tasks"]["val"]["tokens"] == 64
+    write_dataset(tmp_path / "data" / "tiny2", "val", VAL[:33])
+    (r,) = ev.main([str(tmp_path / "a.pt"), "--tasks=val", "--dataset=tiny2", "--device=cpu"])
+    assert r["tasks"]["val"]["tokens"] == 32 and r["tasks"]["val"]["dataset"] == "tiny2"
+    with pytest.raises(SystemExit, match=r"(?s)moved/meta.json not found.*--data_dir=DIR"):
+        ev.main([str(tmp_path / "a.pt"), "--tasks=val"])
+
+
+def test_bad_input_errors(tmp_path, capsys, offline):
     with pytest.raises(SystemExit):
         ev.parse_args(["x.pt", "--bogus=1"])
     assert "unrecognized arguments: --bogus=1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         ev.parse_args(["x.pt", "--tasks=lambada,hellaswag"])
     assert "hellaswag" in capsys.readouterr().err
-    with pytest.raises(SystemExit, match="no checkpoint at"):
-        ev.main([str(tmp_path / "missing.pt"), "--tasks=val"])
-    with pytest.raises(SystemExit, match="lambada_test.jsonl not found"):
-        ev.main([str(tmp_path / "missing.pt"), f"--lambada_dir={tmp_path}"])
-    with pytest.raises(SystemExit, match="no BLiMP paradigm files"):
-        ev.main([str(tmp_path / "missing.pt"), f"--blimp_dir={tmp_path}", "--tasks=blimp"])
-
-    def offline(out_dir=None):  # prepare() as it fails without internet
-        raise ev.DataError("could not download lambada_test.jsonl")
-    monkeypatch.setattr(ev.lambada, "HERE", str(tmp_path / "absent"))
-    monkeypatch.setattr(ev.lambada, "prepare", offline)
-    with pytest.raises(SystemExit, match=r"python data/lambada/prepare.py.*--lambada_dir"):
-        ev.main([str(tmp_path / "missing.pt"), "--tasks=lambada"])
-    tiny_checkpoint(tmp_path / "byte.pt", 1, "bpe_set")
-    with pytest.raises(SystemExit, match=r"python data/wikitext103/prepare.py"):  # not prepared
-        ev.main([str(tmp_path / "byte.pt"), "--tasks=wikitext", f"--data_dir={tmp_path}"])
-    # a byte-level model cannot read GPT-2 token ids
-    write_dataset(tmp_path, "bpe_set", "val", range(100), tokenizer="gpt2")
-    with pytest.raises(SystemExit, match="tokenized with 'gpt2' but the checkpoint uses 'byte'"):
-        ev.main([str(tmp_path / "byte.pt"), "--tasks=val", f"--data_dir={tmp_path}"])
+    # a missing checkpoint is reported first: nothing is downloaded for it
+    tiny_checkpoint(tmp_path / "a.pt", 1, "tiny")
+    with pytest.raises(SystemExit, match="no checkpoint at .*missing.pt"):
+        ev.main([str(tmp_path / "a.pt"), str(tmp_path / "missing.pt")])
+    with pytest.raises(SystemExit, match=r"no checkpoint at .*ckpt\.pt"):  # a run dir without its ckpt.pt
+        ev.main([str(tmp_path)])
+    assert offline == []
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="error: .*no cuda device"):
+            ev.main([str(tmp_path / "a.pt"), "--device=cuda"])
 
 
 RANKS = os.path.join(REPO, "..", "shared", "data", "gpt2.tiktoken")
@@ -252,12 +336,12 @@ def test_gpt2_tokenizer_from_ranks_file(tmp_path):
     cfg = GPTConfig(block_size=32, n_layer=1, n_head=2, n_embd=16)  # GPT-2 vocabulary 50304
     model = GPT(cfg)
     torch.save({"model": model.state_dict(), "model_args": dataclasses.asdict(cfg), "tokenizer": "gpt2",
-                "config": {"dataset": "wikitext103"}, "iter_num": 0}, tmp_path / "ckpt.pt")
+                "config": {"dataset": "wikitext103", "tiktoken_file": RANKS}, "iter_num": 0}, tmp_path / "ckpt.pt")
     passages = ["He looked at the old boat and said that it would never sail again, not even for Santiago",
                 "Alice opened the door"]
     write_jsonl(tmp_path / "lambada_test.jsonl", [{"text": p} for p in passages])
-    (r,) = ev.main([str(tmp_path / "ckpt.pt"), "--tasks=lambada", f"--lambada_dir={tmp_path}",
-                    f"--tiktoken_file={RANKS}", "--device=cpu"])
+    # no --tiktoken_file: the ranks file the run was trained with (its config) is used
+    (r,) = ev.main([str(tmp_path / "ckpt.pt"), "--tasks=lambada", f"--lambada_dir={tmp_path}", "--device=cpu"])
     enc = tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, special_tokens={"<|endoftext|>": 50256},
                             mergeable_ranks=tiktoken.load.load_tiktoken_bpe(RANKS))
     assert enc.encode_ordinary("Hello world") == [15496, 995]  # SPEC 7: really GPT-2's ids

@@ -715,6 +715,15 @@ def test_compiled_model_matches_eager():
                                 block_size=8, vocab_size=32))).eval()
     idx = torch.randint(0, 32, (2, 8))
     with torch.no_grad():
+        model.track_norm_stats(True)  # the instrumentation must compile too, and count the same
         want = model(idx, all_logits=True)[0]
+        want_stats = model.norm_stats()
+        model.track_norm_stats(True)
         got = torch.compile(model)(idx, all_logits=True)[0]
+        got_stats = model.norm_stats()
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert got_stats['saturation'] is not None and got_stats['layers'].keys() == want_stats['layers'].keys()
+    for name, layer in want_stats['layers'].items():
+        assert got_stats['layers'][name]['count'] == layer['count'] == 2 * 8 * 16
+        assert got_stats['layers'][name]['saturation'] == pytest.approx(layer['saturation'], abs=1e-6)
+        assert got_stats['layers'][name]['input_std'] == pytest.approx(layer['input_std'], rel=1e-4)

@@ -41,6 +41,9 @@ def prepare(out_dir=HERE, force=False, urls=URLS, md5=MD5, size=SIZE):
         shutil.rmtree(tmp, ignore_errors=True)
         raise DataError(f"{tar_path} is not a usable CIFAR-10 tarball ({type(e).__name__}: {e}). "
                         "Delete it and run again to download it afresh.") from e
+    if not os.path.isdir(os.path.join(tmp, DIR)):
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DataError(f"{tar_path} has no {DIR}/ folder: not the CIFAR-10 python version. Delete it and run again.")
     shutil.rmtree(final, ignore_errors=True)
     os.replace(os.path.join(tmp, DIR), final)
     shutil.rmtree(tmp)
