@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import requests
+from urllib3.exceptions import NameResolutionError
 
 DATA_DIR = os.path.dirname(os.path.abspath(__file__))
 # some hosts (wikitext.smerity.com) answer 403 to the default python-requests agent
@@ -90,6 +91,8 @@ def _try(url, part, headers, size, timeout, retries, backoff):
             print(f"  {url}: {what} (try {attempt + 1} of {retries})", file=sys.stderr)
             if status and 400 <= status < 500 and status not in (408, 429):
                 return what  # the server said no; asking again will not help
+            if isinstance(getattr(e.args[0], "reason", None) if e.args else None, NameResolutionError):
+                return what  # no such host from here (offline?): asking again will not help
     return f"{what} ({retries} tries)"
 
 
