@@ -406,7 +406,7 @@ def make_plots(results, labels, esds, outdir):
 def parse_args(argv):
     """<command> <checkpoint or run dir> ... and --key=value options (configurator.configure checks them)."""
     pos = [a for a in argv if not a.startswith("--")]
-    opts = configure(DEFAULTS, [a for a in argv if a.startswith("--")])
+    opts = configure(DEFAULTS, [a for a in argv if a.startswith("--")], doc=__doc__)
     if len(pos) < 2 or pos[0] not in COMMANDS:
         raise SystemExit(f"usage: python analyze.py <{'|'.join(COMMANDS)}> <ckpt.pt | out_dir> [more ...] [--key=value ...]")
     if opts["which"] not in ("ckpt", "best"):

@@ -429,7 +429,7 @@ def load_checkpoint(path, device='cpu'):
                                 "(train one with `python train.py`)")
     device = pick_device(device)
     try:
-        ckpt = torch.load(path, map_location='cpu', weights_only=True)
+        ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)  # mmap: no second copy in RAM
     except Exception as e:
         raise ValueError(f"cannot read checkpoint {path} (truncated or corrupt?): {e}") from None
     if not isinstance(ckpt, dict) or 'model' not in ckpt or 'model_args' not in ckpt:

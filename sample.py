@@ -3,6 +3,8 @@ Sample from a trained model (any variant), decoding with the tokenizer the run w
 
   python sample.py --out_dir=out --start="def " --num_samples=3 --max_new_tokens=200
   python sample.py --out_dir=out/gpt2_64m_dyt --ckpt=best --start=FILE:prompt.txt --temperature=0.7
+  python sample.py --help                           # the keys and their defaults
+(nanoGPT's init_from key is gone: sampling is always from a train.py checkpoint, never from OpenAI's GPT-2.)
 """
 import os
 import sys
@@ -12,10 +14,9 @@ import torch
 
 from configurator import configure, plain_globals
 from data.common import DataError, get_tokenizer
-from model import load_checkpoint
+from model import load_checkpoint, pick_device
 
 # -----------------------------------------------------------------------------------------------------------
-init_from = 'resume'  # nanoGPT's key; only 'resume' (a train.py run directory) is supported
 out_dir = 'out'
 ckpt = 'latest'  # 'latest' (ckpt.pt), 'best' (best.pt), or the path of a checkpoint file
 start = '\n'  # the prompt, or "FILE:path" to read it from a file
@@ -24,8 +25,8 @@ max_new_tokens = 200
 temperature = 0.8  # 1.0 = the model's distribution, lower = more conservative, 0 = greedy
 top_k = 200  # keep only the top_k most likely tokens; None = all
 seed = 1337
-device = None  # None = 'cuda' if available, else 'cpu'
-dtype = None  # None = bfloat16 on CUDA when supported, else float32
+device = None  # None = 'cuda' if available, else 'mps', else 'cpu' (model.pick_device)
+dtype = None  # 'float32', 'bfloat16' or 'float16'; None = bfloat16 on CUDA when supported, else float32
 compile = False
 tiktoken_file = None  # GPT-2 .tiktoken ranks file for offline machines
 # -----------------------------------------------------------------------------------------------------------
@@ -33,16 +34,24 @@ DEFAULTS = plain_globals(globals())
 
 
 def main(argv):
-    cfg = configure(DEFAULTS, argv, dict(top_k=int, device=str, dtype=str, tiktoken_file=str))
-    if cfg['init_from'] != 'resume':
-        raise SystemExit("error: init_from must be 'resume' (sample from a train.py run); "
-                         "pretrained GPT-2 weights are not supported")
+    # top_k is listed so that it also takes None (all tokens), although its default is 200
+    cfg = configure(DEFAULTS, argv, dict(top_k=int, device=str, dtype=str, tiktoken_file=str), __doc__)
     path = {'latest': os.path.join(cfg['out_dir'], 'ckpt.pt'),
             'best': os.path.join(cfg['out_dir'], 'best.pt')}.get(cfg['ckpt'], cfg['ckpt'])
-    device = cfg['device'] or ('cuda' if torch.cuda.is_available() else 'cpu')
-    dtype = cfg['dtype'] or ('bfloat16' if device.startswith('cuda') and torch.cuda.is_bf16_supported() else 'float32')
     torch.manual_seed(cfg['seed'])
+    start = cfg['start']
     try:
+        device = pick_device(cfg['device'])
+        dtype = cfg['dtype'] or ('bfloat16' if device.startswith('cuda') and torch.cuda.is_bf16_supported()
+                                 else 'float32')
+        if dtype not in ('float32', 'bfloat16', 'float16'):
+            raise SystemExit(f"error: dtype={dtype!r} is not known; use 'float32', 'bfloat16' or 'float16'")
+        if start.startswith('FILE:'):
+            try:
+                with open(start[5:], encoding='utf-8') as f:
+                    start = f.read()
+            except (OSError, UnicodeDecodeError) as e:
+                raise SystemExit(f'error: cannot read the prompt file {start[5:]!r} (--start=FILE:path): {e}')
         model, checkpoint = load_checkpoint(path, device)
         tiktoken_file = cfg['tiktoken_file'] or checkpoint.get('config', {}).get('tiktoken_file')  # the run's own
         tok = get_tokenizer(checkpoint.get('tokenizer', 'gpt2'), tiktoken_file)
@@ -52,10 +61,6 @@ def main(argv):
         model = torch.compile(model)
     ctx = nullcontext() if dtype == 'float32' else torch.autocast(device.split(':')[0], dtype=getattr(torch, dtype))
 
-    start = cfg['start']
-    if start.startswith('FILE:'):
-        with open(start[5:], encoding='utf-8') as f:
-            start = f.read()
     ids = tok.encode(start) or [tok.eot]  # an empty prompt starts from end-of-text
     if max(ids) >= model.config.vocab_size:
         raise SystemExit(f"error: the prompt has token id {max(ids)}, outside the model's vocabulary "

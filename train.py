@@ -2,14 +2,15 @@
 Train a GPT variant (model.py) on a tokenized dataset (data/<name>/{train,val}.bin), on a CPU or with torchrun.
 
   python train.py                                   # tiny model on the offline pydocs corpus: ~2 min on a CPU
-  python train.py config/gpt2_64m_dyt.py --train_tokens=1_000_000 --seed=42
+  python train.py config/gpt2_64m_dyt.py --train_tokens=1_000_000 --seed=42 --out_dir=out/dyt_1M_s42
   torchrun --standalone --nproc_per_node=8 train.py config/gpt2_64m_dyt.py
   python train.py config/gpt2_64m_dyt.py --init_from=resume     # continue out_dir/ckpt.pt exactly
 
 Configuration (nanoGPT's convention, see configurator.py): the globals below are the defaults, then config
-files, then --key=value. Every GPTConfig field is a key too. gradient_accumulation_steps is the GLOBAL number
-of micro-batches per step (as in nanoGPT, the ranks share them), so a config means the same batch on any
-number of GPUs: batch_size x gradient_accumulation_steps sequences per step.
+files, then --key=value (`python train.py --help` lists them). Every GPTConfig field is a key too.
+gradient_accumulation_steps is the GLOBAL number of micro-batches per step (as in nanoGPT, the ranks share
+them), so a config means the same batch on any number of GPUs: batch_size x gradient_accumulation_steps
+sequences per step. A new run refuses an out_dir that already holds one (--overwrite=True replaces it).
 Writes to out_dir: config.json, log.jsonl (one JSON object per event), ckpt.pt (latest, every eval),
 best.pt (best val loss), summary.json (at the end).
 Exit status: 0 finished; 3 stopped by the divergence guard (summary.json has diverged=true and the reason;
@@ -24,6 +25,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import fields
 from types import SimpleNamespace
+from typing import get_args, get_type_hints
 
 import torch
 import torch.distributed as dist
@@ -32,8 +34,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import configure, plain_globals
-from data.common import DATA_DIR, DataError, atomic_write, load_meta, load_split, write_json
-from model import GPT, GPTConfig
+from data.common import DATA_DIR, DataError, atomic_write, load_meta, load_split, random_windows, write_json
+from model import GPT, GPTConfig, load_checkpoint, pick_device
 
 # -----------------------------------------------------------------------------------------------------------
 # default config: a tiny model on the offline pydocs corpus (byte-level) that learns visibly in ~2 min on 2 cores
@@ -45,6 +47,7 @@ eval_iters = 10  # batches per split per evaluation
 eval_only = False
 always_save_checkpoint = True  # False: ckpt.pt only rewritten when val loss improves, and at the end (nanoGPT)
 init_from = 'scratch'  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+overwrite = False  # a scratch run refuses an out_dir that holds a run (sweeps must not clobber each other)
 wandb_log = False
 wandb_project = 'nanonorm'
 wandb_run_name = 'run'
@@ -78,7 +81,7 @@ min_lr = 2e-4
 # divergence guard: a non-finite loss or gradient norm always stops the run
 spike_factor = None  # also stop when a step's loss exceeds spike_factor x the best smoothed loss so far
 # system
-device = None  # None = 'cuda' if available, else 'mps', else 'cpu'
+device = None  # None = 'cuda' if available, else 'mps', else 'cpu' (model.pick_device)
 dtype = None  # 'float32' or 'bfloat16'; None = bfloat16 autocast on CUDA when supported, else float32
 compile = False
 backend = None  # torch.distributed backend; None = 'nccl' on CUDA, 'gloo' otherwise
@@ -89,11 +92,14 @@ seed = 1337
 for _f in fields(GPTConfig):
     globals().setdefault(_f.name, _f.default)
 DEFAULTS = plain_globals(globals())
-# types of the keys that default to None
+# types of the keys that default to None; GPTConfig's take the one their annotation names (`int | None` -> int)
 OPTIONAL_TYPES = dict(data_dir=str, train_tokens=int, val_tokens=int, tiktoken_file=str, vocab_size=int,
-                      spike_factor=float, device=str, dtype=str, backend=str, peak_flops=float,
-                      n_kv_head=int, dyt_alpha_attn=float, dyt_alpha_ffn=float, dyt_alpha_final=float)
-EVAL_SEED = 0  # the train-split eval windows are the same for every run and every eval
+                      spike_factor=float, device=str, dtype=str, backend=str, peak_flops=float)
+OPTIONAL_TYPES.update({k: get_args(hint)[0] for k, hint in get_type_hints(GPTConfig).items()
+                       if type(None) in get_args(hint)})
+# The train-split eval windows (loss and saturation) are analyze.py's: data.common.random_windows with this seed.
+# So they are the same at every eval, and the same in every run with equal train_tokens and block_size.
+EVAL_SEED = 1337
 
 
 def derived_seed(*parts):
@@ -142,24 +148,33 @@ def read_log(path, keep):
 
 
 def resolve(cfg, world_size):
-    """Fill in the automatic choices (device, dtype, backend) and check the values."""
-    if cfg.device is None:
-        cfg.device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
+    """Fill in the automatic choices (device, dtype, backend) and check the values, before anything is read."""
+    try:
+        cfg.device = pick_device(cfg.device)
+        GPTConfig(**{f.name: getattr(cfg, f.name) for f in fields(GPTConfig)})  # the architecture's own checks
+    except ValueError as e:
+        raise SystemExit(f'error: {e}') from None
     cuda = cfg.device.startswith('cuda')
     if cfg.dtype is None:
         cfg.dtype = 'bfloat16' if cuda and torch.cuda.is_bf16_supported() else 'float32'
     if cfg.backend is None:
         cfg.backend = 'nccl' if cuda else 'gloo'
     checks = [(cfg.init_from in ('scratch', 'resume'), "init_from must be 'scratch' or 'resume'"),
+              (cfg.init_from == 'resume' or cfg.overwrite or cfg.eval_only
+               or not os.path.exists(os.path.join(cfg.out_dir, 'ckpt.pt')),
+               f'{cfg.out_dir} already holds a run (ckpt.pt); pass --out_dir=NEW, --init_from=resume, '
+               f'or --overwrite=True'),
               (cfg.dtype in ('float32', 'bfloat16'), "dtype must be 'float32' or 'bfloat16'"),
+              (min(cfg.eval_interval, cfg.log_interval, cfg.eval_iters, cfg.batch_size, cfg.block_size,
+                   cfg.gradient_accumulation_steps) > 0, 'eval_interval, log_interval, eval_iters, batch_size, '
+               'block_size and gradient_accumulation_steps must be positive'),
+              (cfg.max_iters >= 0, f'max_iters ({cfg.max_iters}) must be >= 0 (0 = evaluate the initial model)'),
               (cfg.gradient_accumulation_steps % world_size == 0,
                f"gradient_accumulation_steps ({cfg.gradient_accumulation_steps}) is the global number of "
                f"micro-batches and must be divisible by the number of processes ({world_size})"),
               ((cfg.eval_iters * cfg.batch_size) % world_size == 0,
                f"eval_iters x batch_size ({cfg.eval_iters * cfg.batch_size} eval windows) must be divisible by "
-               f"the number of processes ({world_size})"),
-              (min(cfg.eval_interval, cfg.log_interval, cfg.eval_iters, cfg.batch_size, cfg.block_size) > 0,
-               "eval_interval, log_interval, eval_iters, batch_size and block_size must be positive")]
+               f"the number of processes ({world_size})")]
     for ok, message in checks:
         if not ok:
             raise SystemExit(f'error: {message}')
@@ -181,6 +196,9 @@ def open_data(cfg, master, ddp):
         raise SystemExit(f'error: {e}') from None
     if cfg.vocab_size is None:
         cfg.vocab_size = -(-meta['vocab_size'] // 64) * 64
+    elif cfg.vocab_size < meta['vocab_size']:
+        raise SystemExit(f"error: vocab_size={cfg.vocab_size} is smaller than the dataset's vocabulary "
+                         f"({meta['vocab_size']} in meta.json); use vocab_size=None (padded automatically)")
     n_train = len(train) if cfg.train_tokens is None else cfg.train_tokens
     if not cfg.block_size < n_train <= len(train):
         raise SystemExit(f'error: train_tokens={cfg.train_tokens} must be between block_size+1 ({cfg.block_size + 1}) '
@@ -193,7 +211,7 @@ def open_data(cfg, master, ddp):
 
 
 def main(argv):
-    cfg = SimpleNamespace(**configure(DEFAULTS, argv, OPTIONAL_TYPES))
+    cfg = SimpleNamespace(**configure(DEFAULTS, argv, OPTIONAL_TYPES, __doc__))
     ddp = 'RANK' in os.environ  # started by torchrun
     rank, local_rank, world = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE')) if ddp else (0, 0, 1)
     master = rank == 0
@@ -226,24 +244,39 @@ def main(argv):
               f'tokens/step ({world} process(es) x {micro_steps} micro-batch(es) of {B}); budget {n_train:,} '
               f'train tokens, {len(val_data):,} val tokens')
 
-    # model, optionally resumed; any architecture change on resume is an error
+    # model, optionally resumed; any architecture change on resume is an error (dropout is training, not shape)
     torch.manual_seed(cfg.seed)
     model = GPT(GPTConfig(**model_args))
     iter_num, best_val_loss, best_iter, guard, last_eval = 0, float('inf'), None, {}, None
     if cfg.init_from == 'resume':
         ckpt_path = os.path.join(cfg.out_dir, 'ckpt.pt')
-        if not os.path.exists(ckpt_path):
-            raise SystemExit(f"error: init_from='resume' but {ckpt_path} does not exist; use init_from='scratch'")
-        ckpt = torch.load(ckpt_path, map_location='cpu', weights_only=True, mmap=True)
+        try:  # model.py's reader: clear errors for a missing, corrupt or foreign file
+            saved, ckpt = load_checkpoint(ckpt_path)
+        except (FileNotFoundError, ValueError) as e:
+            raise SystemExit(f"error: init_from='resume': {e}") from None
+        missing = [k for k in ('optimizer', 'config', 'iter_num', 'best_val_loss', 'best_iter', 'guard',
+                               'last_eval', 'sampler') if k not in ckpt]
+        if missing:
+            raise SystemExit(f"error: {ckpt_path} lacks {', '.join(missing)}: it was not written by this train.py "
+                             "and cannot be resumed exactly; start a new run in a new out_dir")
         changed = [f'{k} (checkpoint {ckpt["model_args"].get(k)!r}, config {v!r})'
-                   for k, v in model_args.items() if ckpt['model_args'].get(k) != v]
+                   for k, v in model_args.items() if ckpt['model_args'].get(k) != v and k != 'dropout']
         if changed:
             raise SystemExit('error: the config changes the architecture of the run being resumed: '
                              + ', '.join(changed) + ". Keep the checkpoint's values or use a new out_dir.")
-        if master and (ckpt['sampler']['seed'], ckpt['sampler']['train_tokens']) != (cfg.seed, n_train):
-            print(f"warning: resuming with seed/train_tokens {cfg.seed}/{n_train:,} where the checkpoint has "
-                  f"{ckpt['sampler']['seed']}/{ckpt['sampler']['train_tokens']:,}: the data order changes")
-        model.load_state_dict(ckpt['model'])
+        notes = []
+        if ckpt['model_args'].get('dropout') != cfg.dropout:
+            notes.append(f"note: dropout changes from {ckpt['model_args'].get('dropout')} to {cfg.dropout}")
+        if ckpt['config'].get('dataset') != cfg.dataset:
+            notes.append(f"warning: resuming a run trained on dataset {ckpt['config'].get('dataset')!r} "
+                         f"with dataset {cfg.dataset!r}")
+        if (ckpt['sampler']['seed'], ckpt['sampler']['train_tokens']) != (cfg.seed, n_train):
+            notes.append(f"warning: resuming with seed/train_tokens {cfg.seed}/{n_train:,} where the checkpoint "
+                         f"has {ckpt['sampler']['seed']}/{ckpt['sampler']['train_tokens']:,}: the data order changes")
+        if master and notes:
+            print('\n'.join(notes))
+        model.load_state_dict(saved.state_dict())  # saved has the checkpoint's dropout, model the config's
+        del saved
         iter_num, best_val_loss, best_iter = ckpt['iter_num'], ckpt['best_val_loss'], ckpt['best_iter']
         guard, last_eval = ckpt['guard'], ckpt['last_eval']
     model.to(device)
@@ -265,8 +298,7 @@ def main(argv):
         # the norm layers' statistics buffers are accumulators, not state: never broadcast them
         model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None, broadcast_buffers=False)
 
-    eval_gen = torch.Generator().manual_seed(EVAL_SEED)
-    train_eval_starts = torch.randint(n_train - T, (cfg.eval_iters * B,), generator=eval_gen)
+    train_eval_starts = torch.from_numpy(random_windows(n_train, cfg.eval_iters * B, T + 1, seed=EVAL_SEED))
     val_starts = torch.linspace(0, len(val_data) - T - 1, cfg.eval_iters * B).long()  # evenly spread, fixed
 
     @torch.no_grad()
@@ -292,15 +324,7 @@ def main(argv):
             for _, layer in raw_model.norm_layers():
                 for buf in layer.buffers():
                     dist.all_reduce(buf)
-        if fsdp:  # alpha is sharded: gather the full parameters to read it
-            from torch.distributed.fsdp import FSDPModule
-            sharded = [m for m in raw_model.modules() if isinstance(m, FSDPModule)]
-            for m in sharded:
-                m.unshard()
-        stats = raw_model.norm_stats()
-        if fsdp:
-            for m in sharded:
-                m.reshard()
+        stats = raw_model.norm_stats()  # under FSDP every process takes part: alpha is gathered from its shards
         return {'event': 'eval', 'iter': it, 'train_loss': train_loss, 'val_loss': evaluate(val_data, val_starts),
                 'lr': get_lr(it, cfg), 'tokens': it * tokens_per_iter, 'epochs': it * tokens_per_iter / n_train,
                 'saturation': stats['saturation'], 'thresholds': stats['thresholds'],
@@ -310,6 +334,10 @@ def main(argv):
     def save_checkpoints(it, improved):
         """ckpt.pt (latest) and, when val loss improved, best.pt: written after the optimizer step of
         iteration it-1, so iter_num = it is the next iteration to run. Collective under FSDP."""
+        names = (['ckpt.pt'] if cfg.always_save_checkpoint or improved or it >= cfg.max_iters else []) \
+            + (['best.pt'] if improved else [])  # the same on every process: improved comes from all-reduced losses
+        if not names:  # gathering the full state is costly, and collective: every process decides alike
+            return
         state = {'model': get_model_state_dict(raw_model, options=full_state),
                  'optimizer': get_optimizer_state_dict(raw_model, optimizer, options=full_state),
                  'model_args': model_args, 'config': config, 'iter_num': it, 'best_val_loss': best_val_loss,
@@ -317,8 +345,6 @@ def main(argv):
                  # data order and dropout masks are functions of (seed, iter): this is the whole sampler state
                  'sampler': {'seed': cfg.seed, 'train_tokens': n_train, 'block_size': T, 'eval_seed': EVAL_SEED}}
         if writing:
-            names = (['ckpt.pt'] if cfg.always_save_checkpoint or improved or it >= cfg.max_iters else []) \
-                + (['best.pt'] if improved else [])
             for name in names:
                 atomic_write(os.path.join(cfg.out_dir, name), lambda f: torch.save(state, f))
 
@@ -331,6 +357,10 @@ def main(argv):
 
     if writing:
         os.makedirs(cfg.out_dir, exist_ok=True)
+        if cfg.init_from == 'scratch':  # a run replaced with --overwrite leaves no file to mix with this one
+            for name in ('ckpt.pt', 'best.pt', 'summary.json'):
+                if os.path.exists(os.path.join(cfg.out_dir, name)):
+                    os.remove(os.path.join(cfg.out_dir, name))
         write_json(os.path.join(cfg.out_dir, 'config.json'), config)
         # a resumed log keeps what happened up to the checkpoint (its eval included), a new run starts afresh
         kept = read_log(log_path, lambda r: r['iter'] < iter_num or (r['iter'] == iter_num and r['event'] == 'eval')) \
@@ -362,7 +392,7 @@ def main(argv):
             if master:
                 print(f"step {iter_num}: train loss {record['train_loss']:.4f}, val loss {record['val_loss']:.4f} "
                       f"(best {best_val_loss:.4f} @ {best_iter}), epochs {record['epochs']:.2f}"
-                      + (f", saturation@2.0 {sat[3]:.3f}" if sat else ''))
+                      + (f", saturation@2.0 {sat[record['thresholds'].index(2.0)]:.3f}" if sat else ''))
             if cfg.eval_only:
                 break
             save_checkpoints(iter_num, improved)

@@ -1,6 +1,7 @@
 # The study's training protocol (SPEC 1.2), shared by every config/gpt2_*.py and config/llama_*.py.
 # Those files `from config.study import *`, then set the shape and the variant; --key=value overrides all.
-# Data budgets (1M/10M/50M/118M tokens) and seeds (1337/42/7) are set per run, each in its own out_dir, e.g.
+# Data budgets (1M/10M/50M/118M tokens) and seeds (1337/42/7) are set per run, each in its own out_dir
+# (train.py refuses an out_dir that already holds a run, unless --overwrite=True), e.g.
 #   torchrun --nproc_per_node=8 train.py config/gpt2_64m_dyt.py --train_tokens=1_000_000 --seed=42 \
 #            --out_dir=out/gpt2_64m_dyt_1M_s42
 dataset = 'wikitext103'

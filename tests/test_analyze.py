@@ -11,14 +11,6 @@ import model as M
 from data.common import random_windows
 
 
-@pytest.fixture(scope="module", autouse=True)
-def two_threads():
-    old = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(old)
-
-
 # ---------------------------------------------------------------------------------------------- power-law fit
 
 @pytest.mark.parametrize("alpha", [2.0, 3.0, 4.0])

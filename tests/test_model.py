@@ -19,16 +19,6 @@ VARIANTS = [(n, a, m, p) for n in NORMS for a in ('standard', 'diff') for m in (
 THRESHOLDS = [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
 
 
-@pytest.fixture(autouse=True, scope='module')
-def one_thread():
-    """These models are tiny: one thread is faster, and immune to a second thread being descheduled on a busy
-    machine (which made each op wait ~10 ms). Restored for the other test files."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def tiny(**kw):
     args = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=False)
     args.update(kw)

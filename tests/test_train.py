@@ -1,6 +1,5 @@
 """train.py and sample.py on tiny models and a tiny synthetic dataset written to a temporary folder."""
 import json
-import math
 import os
 import subprocess
 import sys
@@ -9,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import sample
 import train
 from configurator import configure
 from data.common import DataError
@@ -17,15 +17,6 @@ from model import load_checkpoint
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=4', '--eval_iters=2',
         '--log_interval=1', '--learning_rate=1e-2', '--warmup_iters=2', '--lr_decay_iters=40', '--min_lr=1e-3']
-
-
-@pytest.fixture(scope='module', autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and oversubscribed cores make them slow."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope='module')
@@ -94,21 +85,105 @@ def test_configure_order_and_errors(tmp_path):
     conf.write_text("lrr = 0.1\n")
     with pytest.raises(SystemExit, match="unknown config key 'lrr' \\(from .*c.py\\).*lr"):
         configure(defaults, [str(conf)])
+    # a string key keeps the text of a number-like value: a run name 2024, an out_dir 1e3
+    assert configure(defaults, ['--name=2024'])['name'] == '2024'
+    assert configure(defaults, ['--name=1e3', '--opt=None'])['name'] == '1e3'
+    # a key listed in optional_types also takes None, whatever its default (sample.py's top_k)
+    assert configure(defaults, ['--n=None'], {'n': int})['n'] is None
+    with pytest.raises(SystemExit, match="'n' .* must be int, got None"):
+        configure(defaults, ['--n=None'])
+
+
+def test_help_prints_the_defaults(capsys):
+    for main, first, lines in ((train.main, 'Train a GPT variant', ["  out_dir = 'out'", '  dyt_alpha = 0.5']),
+                               (sample.main, 'Sample from a trained model', ['  top_k = 200'])):
+        with pytest.raises(SystemExit) as stop:
+            main(['--n_layer=2', '--help'])  # --help wins over everything else
+        assert stop.value.code == 0
+        out = capsys.readouterr().out.splitlines()
+        assert out[0].startswith(first) and all(line in out for line in lines)
 
 
 def test_train_config_errors(data_dir, tmp_path):
-    with pytest.raises(SystemExit, match="unknown config key 'learning_rat'.*learning_rate"):
-        run(data_dir, tmp_path / 'o', '--learning_rat=1e-3')
-    with pytest.raises(SystemExit, match="'max_iters' .* must be int"):
-        run(data_dir, tmp_path / 'o', '--max_iters=1e3')
-    with pytest.raises(SystemExit, match="'norm' .* must be str"):
-        run(data_dir, tmp_path / 'o', '--norm=2')
+    out = tmp_path / 'o'
+    for args, message in (
+            (['--learning_rat=1e-3'], "unknown config key 'learning_rat'.*learning_rate"),
+            (['--max_iters=1e3'], "'max_iters' .* must be int"),
+            (['--norm=DyT'], "^error: norm='DyT' is not known; choose one of"),
+            (['--n_head=3'], '^error: n_embd=32 must be divisible by n_head=3'),
+            (['--vocab_size=50'], "^error: vocab_size=50 is smaller than the dataset's vocabulary \\(60"),
+            (['--gradient_accumulation_steps=0'], '^error: .*gradient_accumulation_steps must be positive'),
+            (['--max_iters=-1'], '^error: max_iters \\(-1\\) must be >= 0'),
+            (['--train_tokens=10'], '^error: train_tokens=10 must be between')):
+        with pytest.raises(SystemExit, match=message):
+            run(data_dir, out, *args)
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="^error: device='cuda', but this machine has no cuda device"):
+            run(data_dir, out, '--device=cuda')
+    assert not out.exists()  # every check comes before anything is written
     empty = tmp_path / 'empty'
     empty.mkdir()
     with pytest.raises(SystemExit, match='python data/nodata/prepare.py'):
         train.main(['--dataset=nodata', f'--data_dir={empty}', f'--out_dir={tmp_path / "o"}'])
-    with pytest.raises(SystemExit, match='train_tokens=10 must be between'):
-        run(data_dir, tmp_path / 'o', '--train_tokens=10')
+
+
+def test_out_dir_is_never_clobbered_and_resume_checks_the_checkpoint(data_dir, tmp_path, capsys):
+    out = str(tmp_path / 'run')
+    assert run(data_dir, out, '--max_iters=2', '--eval_interval=2') == 0
+    with pytest.raises(SystemExit, match=f'^error: {out} already holds a run \\(ckpt.pt\\); pass --out_dir=NEW, '
+                                         '--init_from=resume, or --overwrite=True$'):
+        run(data_dir, out, '--max_iters=2', '--seed=42')
+    assert run(data_dir, out, '--max_iters=1', '--eval_interval=1', '--overwrite=True') == 0
+    assert [r['iter'] for r in records(out, 'eval')] == [0, 1]  # the old run's log is gone
+    # dropout is not architecture: it may change on resume (a note); another dataset gets a warning
+    capsys.readouterr()
+    assert run(data_dir, out, '--max_iters=2', '--eval_interval=1', '--init_from=resume', '--dropout=0.1',
+               '--dataset=tiny2') == 0
+    printed = capsys.readouterr().out
+    assert 'note: dropout changes from 0.0 to 0.1' in printed and "trained on dataset 'tiny'" in printed
+    assert [r['iter'] for r in records(out, 'eval')] == [0, 1, 2]
+    # a checkpoint that is missing, corrupt, or not written by train.py: a reason, not a traceback
+    ckpt = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
+    del ckpt['sampler'], ckpt['guard']
+    for name, content, message in (('none', None, 'no checkpoint at'), ('bad', b'PK\x03\x04 torn',
+                                   'cannot read checkpoint'), ('foreign', ckpt, 'lacks guard, sampler')):
+        os.makedirs(tmp_path / name)
+        if isinstance(content, bytes):
+            (tmp_path / name / 'ckpt.pt').write_bytes(content)
+        elif content is not None:
+            torch.save(content, tmp_path / name / 'ckpt.pt')
+        with pytest.raises(SystemExit, match=f'^error: .*{message}'):
+            run(data_dir, tmp_path / name, '--init_from=resume')
+
+
+def test_validation_is_the_same_for_every_data_budget(data_dir, tmp_path):
+    """The study's confound, fixed: val loss must not depend on train_tokens. max_iters=0 logs the initial
+    model's losses; the train-split windows are analyze.py's (numpy default_rng(1337) inside the budget)."""
+    evals = {}
+    for n in (5000, 20000):
+        assert run(data_dir, tmp_path / str(n), '--max_iters=0', f'--train_tokens={n}') == 0
+        evals[n] = records(tmp_path / str(n), 'eval')
+    assert len(evals[5000]) == len(evals[20000]) == 1
+    assert evals[5000][0]['val_loss'] == evals[20000][0]['val_loss']
+    model, _ = load_checkpoint(tmp_path / '5000' / 'ckpt.pt')
+    tokens = np.fromfile(os.path.join(data_dir, 'train.bin'), dtype=np.uint16).astype(np.int64)
+    starts = np.random.default_rng(1337).integers(0, 5000 - 16, size=2 * 4)  # eval_iters x batch_size windows
+    x = torch.tensor(np.stack([tokens[s:s + 16] for s in starts]))  # of 17 tokens: the last at 4999 at most
+    y = torch.tensor(np.stack([tokens[s + 1:s + 17] for s in starts]))
+    with torch.no_grad():
+        assert evals[5000][0]['train_loss'] == pytest.approx(model(x, y)[1].item(), abs=1e-5)
+
+
+def test_sample_errors_and_top_k_none(data_dir, tmp_path, capsys):
+    out = str(tmp_path / 'run')
+    assert run(data_dir, out, '--max_iters=0') == 0
+    for arg, message in (('--start=FILE:/nope.txt', "cannot read the prompt file '/nope.txt'"),
+                         ('--dtype=foo', "dtype='foo' is not known"),
+                         (f'--ckpt={tmp_path}/none.pt', 'no checkpoint at')):
+        with pytest.raises(SystemExit, match=f'^error: {message}'):
+            sample.main([f'--out_dir={out}', arg])
+    sample.main([f'--out_dir={out}', '--ckpt=latest', '--top_k=None', '--num_samples=1', '--max_new_tokens=3'])
+    assert capsys.readouterr().out.count('---------------') == 1
 
 
 def test_tiny_run_learns_and_records_everything(data_dir, tmp_path):
@@ -180,11 +255,13 @@ def test_torchrun_two_processes_match_one(data_dir, tmp_path, fsdp):
     one, two = str(tmp_path / 'one'), str(tmp_path / 'two')
     train.main(args + [f'--out_dir={one}'])
     env = dict(os.environ, OMP_NUM_THREADS='1')
-    proc = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
-                           'train.py', *args, f'--out_dir={two}'], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert 'global batch: 8 sequences' in proc.stdout
+    # FSDP also resumes exactly: stop after step 3, then continue (the optimizer state is gathered, then re-sharded)
+    for more in ([['--max_iters=3'], ['--init_from=resume']] if fsdp else [[]]):
+        proc = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+                               'train.py', *args, f'--out_dir={two}', *more], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert 'global batch: 8 sequences' in proc.stdout
     for event, key in (('step', 'loss'), ('eval', 'val_loss'), ('eval', 'train_loss')):
         a, b = records(one, event), records(two, event)
         assert len(a) == len(b) > 0
