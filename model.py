@@ -104,7 +104,7 @@ class Norm(nn.Module):
             alpha = alpha.full_tensor()
         return {'kind': self.kind, 'alpha': alpha.item() if alpha is not None else None,
                 'input_std': std, 'count': int(n),
-                'saturation': (self.stat_sat.double() / n).tolist() if self.kind == 'dyt' and n else None}
+                'saturation': [c / n for c in self.stat_sat.tolist()] if self.kind == 'dyt' and n else None}
 
 
 class LayerNorm(Norm):
