@@ -151,10 +151,10 @@ def eval_perplexity(model, tokens, limit, batch_size, device, label):
 
 
 def check_checkpoint(path, args):
-    """Load a checkpoint on the CPU to check it and its tokenizer before any data is fetched or scored;
-    keeps what planning needs, not the weights (they are loaded again onto the device for scoring)."""
+    """Check a checkpoint (on the meta device: no weights are read) and its tokenizer before any data is
+    fetched or scored; keeps what planning needs."""
     try:
-        model, ckpt = load_checkpoint(path)
+        model, ckpt = load_checkpoint(path, device="meta")
         tokenizer = ckpt.get("tokenizer", "gpt2")  # nanoGPT checkpoints predate the field and are all GPT-2 BPE
         tok = get_tokenizer(tokenizer, args.tiktoken_file or ckpt.get("config", {}).get("tiktoken_file"))
     except (FileNotFoundError, ValueError, DataError) as e:

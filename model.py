@@ -422,7 +422,8 @@ def load_checkpoint(path, device='cpu'):
     """Load a train.py (or nanoGPT) checkpoint -> (model in eval mode, checkpoint dict).
 
     `path` is a ckpt.pt/best.pt file or a run directory (its ckpt.pt). Raises FileNotFoundError or ValueError
-    with a message that says what is wrong."""
+    with a message that says what is wrong. device='meta' checks a checkpoint (keys, shapes) without
+    materialising its model: the file is memory-mapped and no weight is copied."""
     path = os.path.join(path, 'ckpt.pt') if os.path.isdir(path) else str(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no checkpoint at {path}: give a run's out_dir or its ckpt.pt / best.pt "
@@ -435,13 +436,15 @@ def load_checkpoint(path, device='cpu'):
     if not isinstance(ckpt, dict) or 'model' not in ckpt or 'model_args' not in ckpt:
         raise ValueError(f"{path} is not a training checkpoint: it needs 'model' and 'model_args' entries")
     try:
-        model = GPT(GPTConfig(**ckpt['model_args']))
+        with torch.device(device):  # built where it runs: no full-size copy on the CPU first
+            model = GPT(GPTConfig(**ckpt['model_args']))
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: its model_args do not describe a model this version builds: {e}") from None
-    state = {k.removeprefix('_orig_mod.').removeprefix('module.'): v for k, v in ckpt['model'].items()
+    state = {k.removeprefix('_orig_mod.').removeprefix('module.'): v.to('meta') if device == 'meta' else v
+             for k, v in ckpt['model'].items()
              if not k.endswith('.attn.bias')}  # old nanoGPT checkpoints also saved the causal mask
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
         raise ValueError(f"{path}: the weights do not match its model_args (another architecture?): {e}") from None
-    return model.to(device).eval(), ckpt
+    return model.eval(), ckpt

@@ -250,8 +250,8 @@ def main(argv):
     iter_num, best_val_loss, best_iter, guard, last_eval = 0, float('inf'), None, {}, None
     if cfg.init_from == 'resume':
         ckpt_path = os.path.join(cfg.out_dir, 'ckpt.pt')
-        try:  # model.py's reader: clear errors for a missing, corrupt or foreign file
-            saved, ckpt = load_checkpoint(ckpt_path)
+        try:  # model.py's reader: clear errors for a missing, corrupt or foreign file (checked on 'meta': no copy)
+            _, ckpt = load_checkpoint(ckpt_path, device='meta')
         except (FileNotFoundError, ValueError) as e:
             raise SystemExit(f"error: init_from='resume': {e}") from None
         missing = [k for k in ('optimizer', 'config', 'iter_num', 'best_val_loss', 'best_iter', 'guard',
@@ -275,8 +275,7 @@ def main(argv):
                          f"has {ckpt['sampler']['seed']}/{ckpt['sampler']['train_tokens']:,}: the data order changes")
         if master and notes:
             print('\n'.join(notes))
-        model.load_state_dict(saved.state_dict())  # saved has the checkpoint's dropout, model the config's
-        del saved
+        model.load_state_dict(ckpt['model'])  # train.py saves the raw model's state: no prefixes to strip
         iter_num, best_val_loss, best_iter = ckpt['iter_num'], ckpt['best_val_loss'], ckpt['best_iter']
         guard, last_eval = ckpt['guard'], ckpt['last_eval']
     model.to(device)
