@@ -38,6 +38,8 @@ class GPTConfig:
     dyt_alpha_ffn: float | None = None
     dyt_alpha_final: float | None = None
     embed_scale: bool = False  # LLaMA-DyT: learnable scalar on token embeddings, init sqrt(n_embd)
+    emb_init_std: float = 0.02  # token/position embedding init (and the tied output layer's): GPT-2's 0.02.
+    # Small DyT models collapse with it (README, "When DyT collapses"); 0.3 or 1.0 (PyTorch's default) train.
     attn: str = 'standard'
     mlp: str = 'gelu'
     pos: str = 'learned'
@@ -312,8 +314,11 @@ class GPT(nn.Module):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     def _init_weights(self, module):
+        if module is self.lm_head:  # tied: it is the token embedding, initialised as one
+            return
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            std = self.config.emb_init_std if isinstance(module, nn.Embedding) else 0.02
+            nn.init.normal_(module.weight, mean=0.0, std=std)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 

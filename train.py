@@ -34,7 +34,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import configure, plain_globals
-from data.common import DATA_DIR, DataError, atomic_write, load_meta, load_split, random_windows, write_json
+from data.common import (DATA_DIR, DataError, atomic_write, load_meta, load_split, random_windows, unigram_entropy,
+                         write_json)
 from model import GPT, GPTConfig, load_checkpoint, pick_device
 
 # -----------------------------------------------------------------------------------------------------------
@@ -100,6 +101,7 @@ OPTIONAL_TYPES.update({k: get_args(hint)[0] for k, hint in get_type_hints(GPTCon
 # The train-split eval windows (loss and saturation) are analyze.py's: data.common.random_windows with this seed.
 # So they are the same at every eval, and the same in every run with equal train_tokens and block_size.
 EVAL_SEED = 1337
+COLLAPSE_MARGIN = 0.1  # nats: a train loss this close to the budget's unigram entropy = token frequencies only
 
 
 def derived_seed(*parts):
@@ -232,6 +234,7 @@ def main(argv):
 
     train_data, val_data, meta = open_data(cfg, master, ddp)
     n_train, T, B = len(train_data), cfg.block_size, cfg.batch_size
+    entropy = unigram_entropy(train_data)  # the loss of predicting token frequencies only: a collapsed model's
     micro_steps = cfg.gradient_accumulation_steps // world  # per process
     tokens_per_iter = B * cfg.gradient_accumulation_steps * T
     config = vars(cfg).copy()
@@ -242,7 +245,7 @@ def main(argv):
         print('config:\n' + '\n'.join(f'  {k} = {v!r}' for k, v in config.items()))
         print(f'global batch: {B * cfg.gradient_accumulation_steps} sequences x {T} tokens = {tokens_per_iter:,} '
               f'tokens/step ({world} process(es) x {micro_steps} micro-batch(es) of {B}); budget {n_train:,} '
-              f'train tokens, {len(val_data):,} val tokens')
+              f'train tokens (unigram entropy {entropy:.3f} nats), {len(val_data):,} val tokens')
 
     # model, optionally resumed; any architecture change on resume is an error (dropout is training, not shape)
     torch.manual_seed(cfg.seed)
@@ -330,6 +333,19 @@ def main(argv):
                 'norm_layers': {name: {k: s[k] for k in ('kind', 'alpha', 'input_std', 'saturation')}
                                 for name, s in stats['layers'].items()}}
 
+    def collapse_signs(record):
+        """The signs of a collapsed run (seen with DyT at small scale): train loss still at the unigram level after
+        warmup, or a norm layer saturated (its output is then sign(x) * gamma, whatever the token)."""
+        signs = []
+        if record['iter'] > cfg.warmup_iters and record['train_loss'] > entropy - COLLAPSE_MARGIN:
+            signs.append(f"train loss {record['train_loss']:.3f} is at the unigram level of the budget ({entropy:.3f} "
+                         f"nats) after warmup: the model predicts token frequencies only (collapsed?)")
+        at_2 = record['thresholds'].index(2.0)
+        full = [name for name, s in record['norm_layers'].items() if s['saturation'] and s['saturation'][at_2] > 0.99]
+        if full:
+            signs.append(f"norm layers saturated (|alpha x| > 2 for over 99% of inputs): {', '.join(full)}")
+        return signs
+
     def save_checkpoints(it, improved):
         """ckpt.pt (latest) and, when val loss improved, best.pt: written after the optimizer step of
         iteration it-1, so iter_num = it is the next iteration to run. Collective under FSDP."""
@@ -384,14 +400,15 @@ def main(argv):
             improved = record['val_loss'] < best_val_loss
             if improved:
                 best_val_loss, best_iter = record['val_loss'], iter_num
-            record.update(best_val_loss=best_val_loss, best_iter=best_iter)
+            record.update(best_val_loss=best_val_loss, best_iter=best_iter, warnings=collapse_signs(record))
             last_eval = record
             log(record)
             sat = record['saturation']
             if master:
                 print(f"step {iter_num}: train loss {record['train_loss']:.4f}, val loss {record['val_loss']:.4f} "
                       f"(best {best_val_loss:.4f} @ {best_iter}), epochs {record['epochs']:.2f}"
-                      + (f", saturation@2.0 {sat[record['thresholds'].index(2.0)]:.3f}" if sat else ''))
+                      + (f", saturation@2.0 {sat[record['thresholds'].index(2.0)]:.3f}" if sat else '')
+                      + ''.join(f'\n  warning: {w}' for w in record['warnings']))
             if cfg.eval_only:
                 break
             save_checkpoints(iter_num, improved)
@@ -469,6 +486,7 @@ def main(argv):
             'iters': iter_num, 'tokens': iter_num * tokens_per_iter, 'epochs': iter_num * tokens_per_iter / n_train,
             'wall_time_s': time.time() - t_start, 'diverged': bool(diverged), 'diverged_reason': diverged,
             'diverged_iter': iter_num if diverged else None, 'n_params': raw_model.get_num_params(),
+            'budget_tokens': n_train, 'unigram_entropy': entropy, 'warnings': (last_eval or {}).get('warnings'),
             'config': config})
         if cfg.wandb_log:
             wandb.finish()

@@ -18,6 +18,7 @@ beta1, beta2 = 0.9, 0.95
 grad_clip = 1.0
 dropout = 0.0
 bias = False
+emb_init_std = 0.02  # GPT-2's init, as the study (train.py's small default model uses a larger one: README)
 eval_interval = 500
 eval_iters = 50
 compile = True

@@ -327,6 +327,18 @@ def random_windows(n_tokens, count, length, seed=1337):
     return np.random.default_rng(seed).integers(0, n_tokens - length + 1, size=count)
 
 
+def unigram_entropy(tokens, chunk=1 << 24):
+    """Entropy in nats of the token frequencies: the loss of a model that predicts only how common each token is
+    (what a collapsed model does). Counted in chunks, so a 118M-token budget needs no big copy."""
+    counts = np.zeros(1, dtype=np.int64)
+    for k in range(0, len(tokens), chunk):
+        c = np.bincount(np.asarray(tokens[k:k + chunk]))
+        counts = np.pad(counts, (0, max(len(c) - len(counts), 0)))
+        counts[:len(c)] += c
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
+
 def load_meta(dataset, data_dir=None):
     path = os.path.join(data_dir or os.path.join(DATA_DIR, dataset), "meta.json")
     if not os.path.exists(path):

@@ -12,7 +12,8 @@ from configurator import configure
 from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, 'config', '*_*.py')))
+CONFIGS = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, 'config', '*_*.py'))
+                 if not os.path.basename(p).startswith('grid_'))  # grids are study.py's (tests/test_study.py)
 SHAPES = {'64m': (12, 8, 512), '124m': (12, 12, 768), '162m': (16, 14, 896), '354m': (24, 16, 1024),
           '1.3b': (24, 32, 2048), '3.78b': (32, 32, 3072)}  # SPEC 1.1
 FLAGS = {'ln': dict(norm='layernorm', attn='standard'), 'rmsnorm': dict(norm='rmsnorm', attn='standard'),
@@ -37,8 +38,8 @@ def test_config_gives_the_study_protocol_and_its_model(path, monkeypatch):
     assert (cfg['block_size'], cfg['batch_size'] * cfg['gradient_accumulation_steps']) == (512, 64)
     assert (cfg['max_iters'], cfg['warmup_iters'], cfg['lr_decay_iters'], cfg['min_lr']) == (5000, 2000, 600000, 6e-5)
     assert (cfg['beta1'], cfg['beta2'], cfg['weight_decay'], cfg['grad_clip']) == (0.9, 0.95, 0.1, 1.0)
-    assert (cfg['dropout'], cfg['bias'], cfg['dataset'], cfg['eval_interval'], cfg['eval_iters']) == \
-        (0.0, False, 'wikitext103', 500, 50)
+    assert (cfg['dropout'], cfg['bias'], cfg['dataset'], cfg['eval_interval'], cfg['eval_iters'], cfg['emb_init_std']) \
+        == (0.0, False, 'wikitext103', 500, 50, 0.02)
     assert cfg['learning_rate'] == (1e-4 if scale in ('1.3b', '3.78b') else 3e-4)
     assert cfg['fsdp'] == (scale == '3.78b')
     assert (cfg['n_layer'], cfg['n_head'], cfg['n_embd']) == SHAPES[scale]

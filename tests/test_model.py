@@ -445,6 +445,12 @@ def test_init_distribution():
     for m in dyts:
         assert m.weight.eq(1).all() and m.bias.eq(0).all() and m.alpha.tolist() == [pytest.approx(0.7)]
 
+    wide = GPT(tiny(emb_init_std=1.0, n_embd=256, block_size=64, vocab_size=512))
+    check_normal(wide.transformer.wte.weight, 1.0)  # and the tied output layer, which is the same tensor
+    check_normal(wide.transformer.wpe.weight, 1.0)
+    check_normal(wide.transformer.h[0].attn.c_attn.weight, 0.02)
+    assert wide.lm_head.weight is wide.transformer.wte.weight
+
     ln = GPT(tiny(bias=True))
     for n, t in ln.named_parameters():
         if re.search(r'ln_[12f]\.weight$', n):

@@ -19,22 +19,6 @@ TINY = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_
         '--log_interval=1', '--learning_rate=1e-2', '--warmup_iters=2', '--lr_decay_iters=40', '--min_lr=1e-3']
 
 
-@pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-    """A learnable token stream: next token = perm[token] most of the time (vocabulary 60, padded to 64)."""
-    d = tmp_path_factory.mktemp('tinydata')
-    rng = np.random.default_rng(0)
-    perm = rng.permutation(60)
-    tokens = [0]
-    for _ in range(30_000):
-        tokens.append(perm[tokens[-1]] if rng.random() < 0.9 else rng.integers(60))
-    tokens = np.array(tokens, dtype=np.uint16)
-    tokens[:25_000].tofile(d / 'train.bin')
-    tokens[25_000:].tofile(d / 'val.bin')
-    (d / 'meta.json').write_text(json.dumps({'tokenizer': 'byte', 'vocab_size': 60, 'train_tokens': 25_000}))
-    return str(d)
-
-
 def run(data_dir, out_dir, *args):
     return train.main(['--dataset=tiny', f'--data_dir={data_dir}', f'--out_dir={out_dir}', *TINY, *args])
 
@@ -306,3 +290,24 @@ def test_crash_while_checkpointing_keeps_previous(data_dir, tmp_path, monkeypatc
     assert open(os.path.join(out, 'ckpt.pt'), 'rb').read() == before
     assert torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)['iter_num'] == 4
     assert sorted(os.listdir(out)) == ['best.pt', 'ckpt.pt', 'config.json', 'log.jsonl', 'summary.json']
+
+
+def test_collapse_signs_are_warned(data_dir, tmp_path, capsys):
+    """A model that cannot learn stays at (or above) the unigram loss; a DyT with a huge alpha0 has every layer
+    saturated. train.py warns of both (the signs of DyT's collapse) and records the budget's unigram entropy."""
+    out = str(tmp_path / 'frozen')
+    assert run(data_dir, out, '--max_iters=6', '--eval_interval=3', '--learning_rate=0.0', '--min_lr=0.0',
+               '--norm=dyt', '--dyt_alpha=100000.0', '--train_tokens=4000') == 0
+    counts = np.bincount(np.fromfile(os.path.join(data_dir, 'train.bin'), dtype=np.uint16)[:4000])
+    p = counts[counts > 0] / 4000
+    entropy = float(-(p * np.log(p)).sum())
+    summary = json.load(open(os.path.join(out, 'summary.json')))
+    assert summary['unigram_entropy'] == pytest.approx(entropy) and summary['budget_tokens'] == 4000
+    evals = records(out, 'eval')
+    assert [len(r['warnings']) for r in evals] == [1, 2, 2]  # the unigram sign only after warmup (2 steps)
+    assert all('norm layers saturated' in r['warnings'][-1] and 'transformer.ln_f' in r['warnings'][-1] for r in evals)
+    assert f'at the unigram level of the budget ({entropy:.3f} nats) after warmup' in evals[-1]['warnings'][0]
+    assert 'warning: train loss' in capsys.readouterr().out
+    # a model that learns gets no warning
+    assert run(data_dir, str(tmp_path / 'ok'), '--max_iters=40', '--eval_interval=20', '--overwrite=True') == 0
+    assert [r['warnings'] for r in records(str(tmp_path / 'ok'), 'eval')] == [[], [], []]
