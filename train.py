@@ -67,6 +67,7 @@ n_head = 4
 n_embd = 128
 dropout = 0.0
 bias = False
+emb_init_std = 0.3  # GPT-2's 0.02 makes a model this small collapse with DyT (README: "When DyT collapses")
 vocab_size = None  # None = the dataset's vocabulary (meta.json) padded to a multiple of 64, like GPT-2's 50304
 # AdamW (weight decay on >=2-D weights only) and the learning-rate schedule
 learning_rate = 2e-3

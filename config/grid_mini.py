@@ -1,5 +1,12 @@
-# placeholder: settings chosen by experiment below
-scales = {'mini': dict(n_layer=4, n_head=4, n_embd=128)}
-budgets = [50_000, 300_000, None]
+# The study in miniature, on a CPU: LayerNorm against DyT at three data budgets, two seeds, about 20 minutes on
+# 2 cores, and the sign flip shows (README, "The CPU miniature"):
+#   python study.py run config/grid_mini.py && python study.py report out/grid_mini
+# train.py's default model and corpus (4 layers, 4 heads, width 128, block 128, batch 16, lr 2e-3 after 30
+# warmup steps, emb_init_std 0.3; the offline pydocs corpus, bytes) for 500 steps: 1.0M tokens seen, i.e. 100
+# epochs of the 10K budget, 10 of 100K and 0.55 of the whole 1.86M-token split. Keys: see config/grid_64m.py.
+scales = {'mini': dict(max_iters=500, lr_decay_iters=500, eval_interval=50, eval_iters=10, log_interval=50)}
+budgets = [10_000, 100_000, None]
 variants = ['ln', 'dyt']
 seeds = [1337, 42]
+overrides = dict(dyt_alpha=0.5)  # the DyT paper's default: the study's 2.0 shrinks the small-budget gain here
+screen_steps = 50  # a tenth of the run, as 500 is of the study's 5000 steps

@@ -311,3 +311,24 @@ def test_collapse_signs_are_warned(data_dir, tmp_path, capsys):
     # a model that learns gets no warning
     assert run(data_dir, str(tmp_path / 'ok'), '--max_iters=40', '--eval_interval=20', '--overwrite=True') == 0
     assert [r['warnings'] for r in records(str(tmp_path / 'ok'), 'eval')] == [[], [], []]
+
+
+def test_dyt_learns_below_the_unigram_loss_at_the_default_config(tmp_path):
+    """`python train.py --norm=dyt` must learn, not collapse: with GPT-2's init (0.02, tied output layer) DyT's bounded
+    features reach the unigram's logits only through a huge token-independent vector that saturates every later
+    DyT layer, and the loss sticks at the unigram entropy (README: "When DyT collapses"). The default init (0.3)
+    learns; 0.02 collapses, and train.py warns of it."""
+    from data.common import DATA_DIR
+    runs = {}
+    for std, steps in ((0.3, 80), (0.02, 60)):
+        out = str(tmp_path / str(std))
+        assert train.main(['--norm=dyt', f'--emb_init_std={std}', f'--max_iters={steps}', f'--eval_interval={steps // 2}',
+                           f'--out_dir={out}']) == 0  # the default corpus, model and schedule otherwise
+        runs[std] = json.load(open(os.path.join(out, 'summary.json')))
+    counts = np.bincount(np.fromfile(os.path.join(DATA_DIR, 'pydocs', 'train.bin'), dtype=np.uint16))
+    p = counts[counts > 0] / counts.sum()
+    entropy = float(-(p * np.log(p)).sum())  # about 3.29 nats/byte
+    assert runs[0.3]['final_train_loss'] < entropy - 0.3 and runs[0.3]['warnings'] == []
+    assert runs[0.02]['final_train_loss'] > entropy - 0.1
+    assert any('unigram level' in w for w in runs[0.02]['warnings'])
+    assert any('norm layers saturated' in w for w in runs[0.02]['warnings'])
