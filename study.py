@@ -122,11 +122,10 @@ def load_grid(path):
     for b in grid['budgets']:
         if b is not None and (type(b) is not int or b <= 0):
             raise SystemExit(f'error: {path}: budgets must be positive ints (tokens) or None (all), got {b!r}')
-    fixed = [k for k in RUNNER_SETS if k in grid['overrides']] + [k for d in list(grid['scales'].values())
-                                                                   + list(variants.values())
-                                                                   if isinstance(d, dict) for k in RUNNER_SETS if k in d]
+    sources = [grid['overrides'], *grid['scales'].values(), *variants.values()]
+    fixed = sorted({k for d in sources if isinstance(d, dict) for k in RUNNER_SETS if k in d})
     if fixed:
-        raise SystemExit(f'error: {path}: the runner sets {", ".join(sorted(set(fixed)))} for each cell; remove them')
+        raise SystemExit(f'error: {path}: the runner sets {", ".join(fixed)} for each cell; remove them')
     cells = []
     for scale, spec in grid['scales'].items():
         for budget in grid['budgets']:
@@ -137,7 +136,7 @@ def load_grid(path):
                         + flags(grid['overrides']) + flags(dict(train_tokens=budget, seed=seed))
                     check_train_args(args, f'error: {path}: cell {name}')
                     cells.append(dict(name=name, scale=scale, budget=budget, variant=variant, seed=seed, args=args,
-                                      screen_steps=grid['screen_steps']))
+                                      screen_steps=grid['screen_steps'], index=len(cells)))
     return grid, cells
 
 
@@ -212,19 +211,21 @@ def cmd_run(argv):
     grid, cells = load_grid(rest[0])
     mine = shard_of(cells, opts['shard'])
     dirs = {c['name']: os.path.join(grid['out_dir'], c['name']) for c in mine}
-    todo = [c for c in mine if status(dirs[c['name']]) in ('new', 'partial')
-            or (status(dirs[c['name']]) == 'failed'
-                and read_json(os.path.join(dirs[c['name']], 'failed.json'))['attempts'] < opts['max_attempts'])]
+
+    def wanted(d):  # not yet run, interrupted, or failed fewer than max_attempts times
+        st = status(d)
+        return st in ('new', 'partial') or st == 'failed' and read_json(f'{d}/failed.json')['attempts'] < opts['max_attempts']
+    todo = [c for c in mine if wanted(dirs[c['name']])]
     print(f"{rest[0]}: {len(cells)} cells, {len(mine)} in shard {opts['shard']}; {len(mine) - len(todo)} already "
           f"finished, diverged or given up; {len(todo)} to run -> {grid['out_dir']}/", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # preemption: stop train.py, keep its checkpoint
-    t0, outcome = time.time(), {}
+    t0 = time.time()
     for k, cell in enumerate(todo):
         print(f"[{k}/{len(todo)} done, 1 running, {len(todo) - k - 1} left"
               + (f", ETA {(time.time() - t0) / k * (len(todo) - k) / 60:.1f} min" if k else '')
               + f"] {cell['name']}", flush=True)
         t = time.time()
-        outcome[cell['name']] = st = run_cell(cell, dirs[cell['name']], opts['nproc'], opts['poll'])
+        st = run_cell(cell, dirs[cell['name']], opts['nproc'], opts['poll'])
         s = read_json(os.path.join(dirs[cell['name']], 'summary.json')) or {}
         print(f"    {cell['name']}: {st} in {time.time() - t:.0f} s" + (
             f", final val {s['final_val_loss']:.4f}, best {s['best_val_loss']:.4f} @ {s['best_iter']}"
@@ -387,8 +388,12 @@ def budget_entropy(cfg, cache={}):
 def collect(grid_dir, opts):
     """One row per cell folder (cell.json) with its status, losses, saturations and collapse flag."""
     rows = []
-    for path in sorted(glob.glob(os.path.join(grid_dir, '*', 'cell.json'))):
-        cell, d = read_json(path), os.path.dirname(path)
+    cells = [(read_json(path), os.path.dirname(path)) for path in glob.glob(os.path.join(grid_dir, '*', 'cell.json'))]
+    def order(c):  # the grid's order; without one: scale, budget, baseline first, seed
+        c = c[0]
+        return (c.get('index', 0), c['scale'], c['budget'] or math.inf, c['variant'] != baseline(c['variant']),
+                c['variant'], c['seed'])
+    for cell, d in sorted(cells, key=order):
         row = dict(name=cell['name'], scale=cell['scale'], budget=label(cell['budget']), variant=cell['variant'],
                    seed=cell['seed'], dir=d, status=status(d))
         s = read_json(os.path.join(d, 'summary.json'))
@@ -457,11 +462,11 @@ def screening(groups, runs, opts):
     final and at the best checkpoint; and how step-N saturation relates to final saturation, run by run."""
     dyt = [g for g in groups if g['norm'] == 'dyt' and g.get('change_final') is not None]
     rule = {}
-    for sat in ('sat', 'screen_sat'):
+    for sat, name in (('sat', 'final_sat'), ('screen_sat', 'screen_sat')):
         for outcome in ('final', 'best'):
             items = [(g['scale'], g[sat], g[f'change_{outcome}'] < 0) for g in dyt if g[sat] is not None]
             if items:
-                rule[f"{sat.replace('sat', 'final_sat') if sat == 'sat' else sat}/{outcome}"] = dict(
+                rule[f'{name}/{outcome}'] = dict(
                     bootstrap_rule(items, opts['threshold'], opts['bootstrap'], opts['seed']),
                     screen_steps=next((r['screen_iter'] for r in runs if r.get('screen_iter')), None))
     pairs = [(r['screen_sat'], r['sat']) for r in runs if r['status'] == 'finished' and r.get('screen_sat') is not None

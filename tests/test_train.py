@@ -16,7 +16,8 @@ from model import load_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=4', '--eval_iters=2',
-        '--log_interval=1', '--learning_rate=1e-2', '--warmup_iters=2', '--lr_decay_iters=40', '--min_lr=1e-3']
+        '--log_interval=1', '--learning_rate=1e-2', '--warmup_iters=2', '--lr_decay_iters=40', '--min_lr=1e-3',
+        '--emb_init_std=0.02']  # GPT-2's init: losses near ln(64), so 1 and 2 processes agree to 1e-5
 
 
 def run(data_dir, out_dir, *args):
