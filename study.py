@@ -530,11 +530,12 @@ def markdown(grid_dir, rows, groups, rule, link, pub, opts):
           'paired change and the paired t-test p-value over seeds.', '',
           '## Validation loss: final and best checkpoint', '',
           '| scale | budget | tokens/param | variant | n | final val loss | best val loss (mean step) '
-          '| change, final | change, best |', '|---|---|---|---|---|---|---|---|---|']
+          '| change, final | change, best | saturation, end / screen |', '|---|---|---|---|---|---|---|---|---|---|']
     for g in groups:
         md.append(f"| {g['scale']} | {g['budget']} | {fmt(g['tokens_per_param'], '.3g')} | {g['variant']} | {g['n']} "
                   f"| {pm(g['final'], g['final_std'])} | {pm(g['best'], g['best_std'])} ({fmt(g['best_iter'], '.0f')}) "
-                  f"| {change_cell(g, 'final')} | {change_cell(g, 'best')} |")
+                  f"| {change_cell(g, 'final')} | {change_cell(g, 'best')} "
+                  f"| {fmt(g['sat'], '.3f')} / {fmt(g['screen_sat'], '.3f')} |")
     md += ['', f"## Screening rule: saturation > {opts['threshold']} -> DyT helps", '',
            f'Items: DyT cells (scale x budget, seed means). Leave-one-scale-out fits the threshold on the other scales. '
            f"95% bootstrap intervals ({opts['bootstrap']} resamples of the items). {PUBLISHED_RULE}.", '',
@@ -583,6 +584,9 @@ def plots(report_dir, groups, opts):
                 ax.annotate(b, (x, y), fontsize=7, xytext=(3, 3), textcoords='offset points')
         ax.axhline(0, c='gray', lw=0.8)
         ax.set(xscale='log', xlabel='training tokens per parameter', title=f'{key} checkpoint')
+    study_64m = [(b, PUBLISHED['change_%']['64m', b, 'dyt']) for b in ('1M', '10M', '50M', 'all')]
+    axes[0].plot([tokens / 63.5e6 for tokens in (1e6, 10e6, 50e6, 118e6)], [x for _, x in study_64m], 'k--', alpha=0.4,
+                 label='Verma 2026, 64m dyt (published)')  # its final step; 63.5M parameters
     axes[0].set_ylabel('val loss change vs LayerNorm (%)')
     axes[0].legend(fontsize=8)
     fig.suptitle('The sign flip: below 0, the variant beats LayerNorm')
@@ -599,7 +603,7 @@ def plots(report_dir, groups, opts):
                 ax.annotate(name, (x, y), fontsize=7, xytext=(3, 3), textcoords='offset points')
         ax.axvline(opts['threshold'], ls=':', c='gray', label=f"threshold {opts['threshold']}")
         ax.axhline(0, c='gray', lw=0.8)
-        ax.set(xlabel='saturation (fraction |alpha x| > 2)', ylabel='DyT change, final (%)', title='Saturation predicts?')
+        ax.set(xlabel='saturation (fraction |alpha x| > 2)', ylabel='DyT change, final (%)', title='Does saturation predict the change?')
         ax.legend(fontsize=8)
         names.append('saturation.png')
         atomic_write(os.path.join(report_dir, names[1]), lambda f: fig.savefig(f, format='png', dpi=110, bbox_inches='tight'))
