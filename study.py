@@ -28,8 +28,10 @@ from dataclasses import fields
 import numpy as np
 
 import train
+from analyze import DEFAULTS as ANALYZE_DEFAULTS
+from analyze import analyze
 from configurator import configure
-from data.common import load_split, unigram_entropy, write_json
+from data.common import atomic_write, load_split, unigram_entropy, write_json
 from model import SAT_THRESHOLDS, GPTConfig
 
 REPO = os.path.dirname(os.path.abspath(__file__))
@@ -86,10 +88,8 @@ def check_train_args(args, where):
     try:
         cfg = configure(train.DEFAULTS, args, train.OPTIONAL_TYPES)
         GPTConfig(**{f.name: cfg[f.name] for f in fields(GPTConfig)})
-    except SystemExit as e:
+    except (SystemExit, ValueError) as e:
         raise SystemExit(f'{where}: {str(e).removeprefix("error: ")}') from None
-    except ValueError as e:
-        raise SystemExit(f'{where}: {e}') from None
     return cfg
 
 # ------------------------------------------------------------------------------------------ grids and cells
@@ -128,6 +128,8 @@ def load_grid(path):
         raise SystemExit(f'error: {path}: the runner sets {", ".join(fixed)} for each cell; remove them')
     cells = []
     for scale, spec in grid['scales'].items():
+        if not isinstance(spec, (str, dict)):
+            raise SystemExit(f"error: {path}: scale '{scale}' must be a config file (str) or a dict of overrides")
         for budget in grid['budgets']:
             for variant in grid['variants']:
                 for seed in grid['seeds']:
@@ -163,7 +165,7 @@ def run_cell(cell, cell_dir, nproc=1, poll=30.0, extra=()):
     a failure is written to failed.json with its attempt count and the end of its output."""
     os.makedirs(cell_dir, exist_ok=True)
     write_json(os.path.join(cell_dir, 'cell.json'), cell)
-    failed = read_json(os.path.join(cell_dir, 'failed.json')) or {}
+    attempts = (read_json(os.path.join(cell_dir, 'failed.json')) or {}).get('attempts', 0)
     resume = os.path.exists(os.path.join(cell_dir, 'ckpt.pt'))
     args = [*cell['args'], *extra, f'--out_dir={os.path.abspath(cell_dir)}'] + (['--init_from=resume'] if resume else [])
     launcher = [sys.executable] if nproc == 1 else [sys.executable, '-m', 'torch.distributed.run', '--standalone',
@@ -185,13 +187,13 @@ def run_cell(cell, cell_dir, nproc=1, poll=30.0, extra=()):
             if proc.poll() is None:  # interrupted: stop train.py too; its last checkpoint resumes the cell
                 proc.terminate()
                 proc.wait()
-    if proc.returncode in (0, 3):  # finished, or stopped by the divergence guard (recorded in summary.json)
+    if status(cell_dir) in ('finished', 'diverged'):  # summary.json written (torchrun turns exit status 3 into 1)
         if os.path.exists(os.path.join(cell_dir, 'failed.json')):
             os.remove(os.path.join(cell_dir, 'failed.json'))
         return status(cell_dir)
     tail = open(out_path, errors='replace').read()[-2000:]
     write_json(os.path.join(cell_dir, 'failed.json'),
-               dict(attempts=failed.get('attempts', 0) + 1, returncode=proc.returncode, output_tail=tail))
+               dict(attempts=attempts + 1, returncode=proc.returncode, output_tail=tail))
     return 'failed'
 
 
@@ -214,22 +216,32 @@ def cmd_run(argv):
 
     def wanted(d):  # not yet run, interrupted, or failed fewer than max_attempts times
         st = status(d)
-        return st in ('new', 'partial') or st == 'failed' and read_json(f'{d}/failed.json')['attempts'] < opts['max_attempts']
+        return st in ('new', 'partial') or st == 'failed' and (read_json(f'{d}/failed.json') or {}).get('attempts', 0) \
+            < opts['max_attempts']
     todo = [c for c in mine if wanted(dirs[c['name']])]
     print(f"{rest[0]}: {len(cells)} cells, {len(mine)} in shard {opts['shard']}; {len(mine) - len(todo)} already "
           f"finished, diverged or given up; {len(todo)} to run -> {grid['out_dir']}/", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # preemption: stop train.py, keep its checkpoint
+    for c in mine:  # the grid file was edited after this cell ran: say so rather than mix settings silently
+        old = read_json(os.path.join(dirs[c['name']], 'cell.json'))
+        if old and old['args'] != c['args']:
+            print(f"warning: {c['name']} was run with other arguments ({' '.join(old['args'])}); "
+                  f"{'it resumes with the new ones' if c in todo else 'its results are kept'}: delete "
+                  f"{dirs[c['name']]} to run it anew")
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # preemption: stop train.py, keep its checkpoint
     t0 = time.time()
-    for k, cell in enumerate(todo):
-        print(f"[{k}/{len(todo)} done, 1 running, {len(todo) - k - 1} left"
-              + (f", ETA {(time.time() - t0) / k * (len(todo) - k) / 60:.1f} min" if k else '')
-              + f"] {cell['name']}", flush=True)
-        t = time.time()
-        st = run_cell(cell, dirs[cell['name']], opts['nproc'], opts['poll'])
-        s = read_json(os.path.join(dirs[cell['name']], 'summary.json')) or {}
-        print(f"    {cell['name']}: {st} in {time.time() - t:.0f} s" + (
-            f", final val {s['final_val_loss']:.4f}, best {s['best_val_loss']:.4f} @ {s['best_iter']}"
-            if st == 'finished' else f" (see {dirs[cell['name']]}/train.out)"), flush=True)
+    try:
+        for k, cell in enumerate(todo):
+            print(f"[{k}/{len(todo)} done, 1 running, {len(todo) - k - 1} left"
+                  + (f", ETA {(time.time() - t0) / k * (len(todo) - k) / 60:.1f} min" if k else '')
+                  + f"] {cell['name']}", flush=True)
+            t = time.time()
+            st = run_cell(cell, dirs[cell['name']], opts['nproc'], opts['poll'])
+            s = read_json(os.path.join(dirs[cell['name']], 'summary.json')) or {}
+            print(f"    {cell['name']}: {st} in {time.time() - t:.0f} s" + (
+                f", final val {s['final_val_loss']:.4f}, best {s['best_val_loss']:.4f} @ {s['best_iter']}"
+                if st == 'finished' else f" (see {dirs[cell['name']]}/train.out)"), flush=True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     counts = {st: sum(status(d) == st for d in dirs.values()) for st in ('finished', 'diverged', 'failed')}
     print(f"done in {(time.time() - t0) / 60:.1f} min: " + ', '.join(f'{n} {st}' for st, n in counts.items())
           + f" of {len(mine)}. Next: python study.py report {grid['out_dir']}")
@@ -246,21 +258,27 @@ def eval_at(cell_dir, step):
 
 def cmd_screen(argv):
     opts, train_args = options('screen', argv)
+    train_args = [a if a.startswith('--') else os.path.abspath(a) for a in train_args]  # train.py runs in the repo
     cfg = check_train_args(train_args, 'error')
     if cfg['norm'] != 'dyt':
         raise SystemExit(f"error: the screen trains a DyT configuration; this one has norm={cfg['norm']!r}")
     steps, th = opts['screen_steps'], opts['threshold']
     stem = '_'.join(os.path.splitext(os.path.basename(a))[0] for a in train_args if not a.startswith('--')) or 'train'
     root = opts['screen_dir'] or os.path.join('out', 'screen', f"{stem}_{label(cfg['train_tokens'])}_s{cfg['seed']}")
-    extra = [f'--max_iters={steps}', f'--eval_interval={steps}']  # the first `steps` steps of the full run, exactly
     result = dict(config=train_args, steps=steps, threshold=th, train_tokens=cfg['train_tokens'], seed=cfg['seed'])
     for norm in ['dyt'] + ['layernorm'] * opts['compare']:
-        cell = dict(name=norm, args=train_args + [f'--norm={norm!r}'])
+        # the first `steps` steps of the full run, exactly: the data order and schedule do not depend on max_iters
+        cell = dict(name=norm, args=train_args + [f'--norm={norm!r}', f'--max_iters={steps}', f'--eval_interval={steps}'])
         d = os.path.join(root, norm)
-        done = (read_json(os.path.join(d, 'summary.json')) or {}).get('iters') == steps
-        if not done and run_cell(cell, d, extra=extra, poll=1e9) != 'finished':
+        old = read_json(os.path.join(d, 'cell.json'))
+        if old and old['args'] != cell['args']:
+            raise SystemExit(f'error: {d} holds a screening run with other settings ({" ".join(old["args"])}); '
+                             'pass --screen_dir=NEW or delete that folder')
+        if status(d) != 'finished' and run_cell(cell, d, poll=1e9) != 'finished':
             raise SystemExit(f'error: the {norm} screening run did not finish; see {d}/train.out')
         result[norm] = eval_at(d, steps)
+        if not result[norm] or result[norm]['iter'] != steps:
+            raise SystemExit(f'error: {d}/log.jsonl has no evaluation at step {steps}; delete {d} and screen again')
     dyt = result['dyt']
     sat = dyt['saturation'][AT_2]
     result.update(saturation=sat, prediction='help' if sat > th else 'hurt')
@@ -277,9 +295,10 @@ def cmd_screen(argv):
         rule, link = report.get('rule', {}).get('screen_sat/final'), report.get('screen_vs_final') or {}
         if rule and rule.get('accuracy') is not None:
             result['our_accuracy'][path] = rule
+            ci = rule.get('accuracy_ci') or [None, None]
             print(f"  ours ({path}): the rule on step-{rule['screen_steps']} saturation was right on "
-                  f"{rule['accuracy']:.0%} of {rule['n']} cells (95% CI {rule['accuracy_ci'][0]:.0%}-"
-                  f"{rule['accuracy_ci'][1]:.0%}), AUC {fmt(rule['auc'], '.2f')}; step-{rule['screen_steps']} against "
+                  f"{rule['accuracy']:.0%} of {rule['n']} cells (95% CI {fmt(ci[0], '.0%')}-{fmt(ci[1], '.0%')}), "
+                  f"AUC {fmt(rule['auc'], '.2f')}; step-{rule['screen_steps']} against "
                   f"final saturation: r = {fmt(link.get('pearson'), '.2f')}, same side of the threshold in "
                   f"{fmt(link.get('same_side'), '.0%')} of {link.get('n')} runs")
     if not result['our_accuracy']:
@@ -329,9 +348,9 @@ def auc(scores, positive):
 
 def fit_threshold(sats, helps, prior):
     """The threshold with the best accuracy on these items (ties: the one closest to the published `prior`).
-    Candidates: midpoints between distinct saturations, and one below and one above them all."""
+    Candidates: the prior, the midpoints between distinct saturations, and one below and one above them all."""
     s = sorted(set(sats))
-    cands = [s[0] - 1] + [(x + y) / 2 for x, y in zip(s, s[1:])] + [s[-1] + 1]
+    cands = [prior, s[0] - 1] + [(x + y) / 2 for x, y in zip(s, s[1:])] + [s[-1] + 1]
     return max(cands, key=lambda t: (sum((x > t) == h for x, h in zip(sats, helps)), -abs(t - prior)))
 
 
@@ -388,14 +407,10 @@ def budget_entropy(cfg, cache={}):
 def collect(grid_dir, opts):
     """One row per cell folder (cell.json) with its status, losses, saturations and collapse flag."""
     rows = []
-    cells = [(read_json(path), os.path.dirname(path)) for path in glob.glob(os.path.join(grid_dir, '*', 'cell.json'))]
-    def order(c):  # the grid's order; without one: scale, budget, baseline first, seed
-        c = c[0]
-        return (c.get('index', 0), c['scale'], c['budget'] or math.inf, c['variant'] != baseline(c['variant']),
-                c['variant'], c['seed'])
-    for cell, d in sorted(cells, key=order):
+    for path in glob.glob(os.path.join(grid_dir, '*', 'cell.json')):
+        cell, d = read_json(path), os.path.dirname(path)
         row = dict(name=cell['name'], scale=cell['scale'], budget=label(cell['budget']), variant=cell['variant'],
-                   seed=cell['seed'], dir=d, status=status(d))
+                   seed=cell['seed'], dir=d, status=status(d), budget_tokens=cell['budget'], index=cell.get('index', 0))
         s = read_json(os.path.join(d, 'summary.json'))
         if row['status'] == 'failed':
             row['reason'] = f"train.py exited with {read_json(os.path.join(d, 'failed.json'))['returncode']}"
@@ -404,7 +419,8 @@ def collect(grid_dir, opts):
             entropy, n_train = budget_entropy(cfg) or (s.get('unigram_entropy'), s.get('budget_tokens'))
             steps = opts['screen_steps'] or cell.get('screen_steps', 500)
             early = eval_at(d, steps)
-            row.update(norm=cfg['norm'], final=s['final_val_loss'], best=s['best_val_loss'], best_iter=s['best_iter'],
+            early = early if early and early['iter'] == steps else None  # an evaluation at exactly that step
+            row.update(norm=cfg['norm'], n_params=s['n_params'], final=s['final_val_loss'], best=s['best_val_loss'], best_iter=s['best_iter'],
                        final_iter=s['final_iter'], train_loss=s['final_train_loss'], unigram_entropy=entropy,
                        tokens_per_param=n_train / s['n_params'] if n_train else None,
                        sat=s['saturation'][AT_2] if s['saturation'] else None,
@@ -420,11 +436,16 @@ def collect(grid_dir, opts):
     if not rows:
         raise SystemExit(f'error: no cell folders (*/cell.json) under {grid_dir}; run a grid first '
                          '(python study.py run config/grid_mini.py)')
-    return rows
+    size = {}  # scales from the smallest model up, then budgets from the smallest, then the grid's order
+    for r in rows:
+        size[r['scale']] = min(size.get(r['scale'], math.inf), r.get('n_params') or math.inf)
+    return sorted(rows, key=lambda r: (size[r['scale']], r['scale'], r['budget_tokens'] or math.inf, r['index'],
+                                       r['variant'] != baseline(r['variant']), r['name']))
 
 
 def baseline(variant):
-    return 'llama_ln' if variant.startswith('llama') else 'ln'
+    """The variant a change is measured against: the same architecture with LayerNorm."""
+    return 'llama_ln' if variant.startswith('llama') else 'diff' if variant == 'dyt_diff' else 'ln'
 
 
 def summarize(rows):
@@ -440,7 +461,7 @@ def summarize(rows):
                  norm=next((r['norm'] for r in runs if 'norm' in r), None),
                  excluded={r['name']: r['status'] for r in runs if r['status'] != 'finished'},
                  tokens_per_param=next((r['tokens_per_param'] for r in ok.values()), None))
-        for key in ('final', 'best', 'sat', 'screen_sat', 'best_iter'):
+        for key in ('final', 'best', 'sat', 'screen_sat', 'best_iter', 'htsr_alpha', 'erank'):
             vals = [r[key] for r in ok.values() if r.get(key) is not None]
             g[key] = float(np.mean(vals)) if vals else None
             g[key + '_std'] = float(np.std(vals, ddof=1)) if len(vals) > 1 else None
@@ -482,7 +503,6 @@ def screening(groups, runs, opts):
 def spectra_and_rank(runs, opts):
     """Mean HTSR alpha and activation effective rank of each finished LN/DyT run's final checkpoint, with
     analyze.py's functions; cached in the cell folder as analysis.json."""
-    from analyze import DEFAULTS, analyze
     for r in runs:
         if r['status'] != 'finished' or r['variant'] != baseline(r['variant']) and r['norm'] != 'dyt':
             continue
@@ -490,7 +510,7 @@ def spectra_and_rank(runs, opts):
         res = read_json(cache)
         if not res or res.get('final_iter') != r['final_iter']:
             try:
-                a, _ = analyze(os.path.join(r['dir'], 'ckpt.pt'), 'all', dict(DEFAULTS, device=opts['device']))
+                a, _ = analyze(os.path.join(r['dir'], 'ckpt.pt'), 'all', dict(ANALYZE_DEFAULTS, device=opts['device']))
                 res = dict(final_iter=r['final_iter'], htsr_alpha=a['spectra']['mean_alpha'],
                            erank=a['rank']['mean_blocks'])
             except SystemExit as e:
@@ -572,7 +592,12 @@ def plots(report_dir, groups, opts):
     except ImportError:
         print('matplotlib is not installed: plots skipped (pip install matplotlib); report.md and report.json are complete')
         return []
-    from data.common import atomic_write
+    names = []
+
+    def save(fig, name):
+        atomic_write(os.path.join(report_dir, name), lambda f: fig.savefig(f, format='png', dpi=110, bbox_inches='tight'))
+        plt.close(fig)
+        names.append(name)
     compared = [g for g in groups if g.get('change_final') is not None]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for ax, key in zip(axes, ('final', 'best')):
@@ -590,9 +615,7 @@ def plots(report_dir, groups, opts):
     axes[0].set_ylabel('val loss change vs LayerNorm (%)')
     axes[0].legend(fontsize=8)
     fig.suptitle('The sign flip: below 0, the variant beats LayerNorm')
-    names = ['signflip.png']
-    atomic_write(os.path.join(report_dir, names[0]), lambda f: fig.savefig(f, format='png', dpi=110, bbox_inches='tight'))
-    plt.close(fig)
+    save(fig, 'signflip.png')
     dyt = [g for g in compared if g['norm'] == 'dyt' and g['sat'] is not None]
     if dyt:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -605,9 +628,7 @@ def plots(report_dir, groups, opts):
         ax.axhline(0, c='gray', lw=0.8)
         ax.set(xlabel='saturation (fraction |alpha x| > 2)', ylabel='DyT change, final (%)', title='Does saturation predict the change?')
         ax.legend(fontsize=8)
-        names.append('saturation.png')
-        atomic_write(os.path.join(report_dir, names[1]), lambda f: fig.savefig(f, format='png', dpi=110, bbox_inches='tight'))
-        plt.close(fig)
+        save(fig, 'saturation.png')
     return names
 
 
@@ -619,17 +640,11 @@ def cmd_report(argv):
     if opts['analysis']:
         spectra_and_rank(rows, opts)
     groups = summarize(rows)
-    for g in groups:
-        for key in ('htsr_alpha', 'erank'):
-            vals = [r[key] for r in rows if r['status'] == 'finished' and r.get(key) is not None
-                    and (r['scale'], r['budget'], r['variant']) == (g['scale'], g['budget'], g['variant'])]
-            g[key] = float(np.mean(vals)) if vals else None
     rule, link = screening(groups, rows, opts)
     pub = beside_published(groups)
     md = markdown(rest[0], rows, groups, rule, link, pub, opts)
     write_json(os.path.join(rest[0], 'report.json'), dict(schema='nanonorm-study-report/1', options=opts, runs=rows,
                                                           groups=groups, rule=rule, screen_vs_final=link, published=pub))
-    from data.common import atomic_write
     atomic_write(os.path.join(rest[0], 'report.md'), lambda f: f.write(md.encode()))
     names = plots(rest[0], groups, opts)
     print(md + f"\nwrote {rest[0]}/report.md, report.json" + ''.join(f', {n}' for n in names))

@@ -32,8 +32,8 @@ def test_paired_t_and_auc_by_hand():
         res = study.paired_t(a, b)
         assert res['t'] == pytest.approx(t) and res['mean_diff'] == pytest.approx(m)
         assert res['p'] == pytest.approx(t_pvalue(t, len(d) - 1), abs=1e-10)
-    # t tables: the 97.5% point of 4 and 10 degrees of freedom gives p = 0.05
-    for t, n in ((2.776445, 5), (2.228139, 11)):
+    # t tables: the 97.5% point of 3, 4 and 10 degrees of freedom gives p = 0.05
+    for t, n in ((3.182446, 4), (2.776445, 5), (2.228139, 11)):
         d = np.linspace(-1, 1, n)
         d = d - d.mean() + t * d.std(ddof=1) / math.sqrt(n)  # a sample whose t statistic is exactly t
         assert study.paired_t(d, np.zeros(n))['p'] == pytest.approx(0.05, abs=1e-5)
@@ -44,13 +44,23 @@ def test_paired_t_and_auc_by_hand():
     assert study.auc([0.5, 0.6], [True, True]) is None
 
 
+def test_leave_one_scale_out_on_separable_cells():
+    # each scale alone is one class; the published 0.43 fits it perfectly and predicts the other scale right
+    items = [('a', 0.1, False), ('a', 0.2, False), ('b', 0.5, True), ('b', 0.6, True)]
+    assert study.rule_stats(items, 0.43)['loso'] == 1.0
+    # a threshold the other scale contradicts: fitted on b (0.45 hurts, 0.7 helps) -> 0.575; a's 0.5 then predicted
+    # to hurt although it helps; fitted on a (0.3 hurts, 0.5 helps) -> 0.43 (tie with 0.4); b: 0.45 wrong, 0.7 right
+    items = [('a', 0.3, False), ('a', 0.5, True), ('b', 0.45, False), ('b', 0.7, True)]
+    assert study.rule_stats(items, 0.43)['loso'] == 0.5
+
+
 # ----------------------------------------------------------------------------- the report on synthetic runs
 # DyT seed-mean saturations and whether DyT helps, chosen so that the rule's figures are known by hand:
 # threshold 0.43 is right on 3 of 4 cells (64m/1M, 64m/all, 124m/all; wrong on 124m/1M) -> accuracy 0.75;
 # helps: {0.60 right, 0.38 wrong} -> TPR 0.5, hurts: both right -> balanced accuracy 0.75;
 # AUC: positives {0.60, 0.38} vs negatives {0.40, 0.20}: 3 of 4 pairs ordered -> 0.75;
-# leave-one-scale-out: 124m alone fits 0.29 (64m: 0.60 right, 0.40 wrong), 64m alone fits 0.50
-# (124m: 0.38 wrong, 0.20 right) -> 2 of 4 = 0.5.
+# leave-one-scale-out: 124m alone fits 0.29 (64m: 0.60 right, 0.40 wrong), 64m alone is fitted as well by 0.43 as
+# by 0.50 and keeps 0.43 (124m: 0.38 wrong, 0.20 right) -> 2 of 4 = 0.5.
 SAT = {('64m', '1M'): (0.60, True), ('64m', 'all'): (0.40, False), ('124m', '1M'): (0.38, True),
        ('124m', 'all'): (0.20, False)}
 
@@ -248,9 +258,12 @@ def test_the_repositorys_grids(monkeypatch):
     assert len(grid['budgets']) >= 3 and {'ln', 'dyt'} <= set(grid['variants']) and len(grid['seeds']) >= 2
 
 
-def test_screen_end_to_end(tmp_path, data_dir, capsys):
-    args = [f'--{k}={v}' for k, v in TINY.items()] + ['--dataset=tiny', f'--data_dir={data_dir}', '--norm=dyt',
-                                                      '--dyt_alpha=2.0', '--train_tokens=5000']
+def test_screen_end_to_end(tmp_path, data_dir, capsys, monkeypatch):
+    # a config file given by a path relative to where the user is, not to the repository
+    (tmp_path / 'tiny_dyt.py').write_text(''.join(f'{k} = {v!r}\n' for k, v in TINY.items())
+                                          + f"dataset = 'tiny'\ndata_dir = {data_dir!r}\nnorm = 'dyt'\ndyt_alpha = 2.0\n")
+    monkeypatch.chdir(tmp_path)
+    args = ['tiny_dyt.py', '--train_tokens=5000']
     reports = tmp_path / 'r' / 'report.json'
     reports.parent.mkdir()
     reports.write_text(json.dumps({'rule': {'screen_sat/final': dict(accuracy=0.8, accuracy_ci=[0.5, 1.0], n=10,
@@ -260,14 +273,19 @@ def test_screen_end_to_end(tmp_path, data_dir, capsys):
     out = capsys.readouterr().out
     dyt, ln = (train.read_log(tmp_path / 's' / n / 'log.jsonl', lambda r: r['event'] == 'eval')[-1] for n in ('dyt', 'layernorm'))
     assert dyt['iter'] == ln['iter'] == 6
-    assert res['saturation'] == dyt['saturation'][3] and dyt['thresholds'][3] == 2.0
-    assert res['prediction'] == ('help' if res['saturation'] > 0.43 else 'hurt')
+    assert res['saturation'] == dyt['saturation'][3] and dyt['thresholds'][3] == 2.0 and 0 <= res['saturation'] <= 1
     assert res['early_gap_%'] == pytest.approx(100 * (dyt['val_loss'] - ln['val_loss']) / ln['val_loss'])
     assert json.load(open(tmp_path / 's' / 'screen.json'))['saturation'] == res['saturation']
     assert 'DyT expected to' in out and '75% in-sample' in out and 'right on 80% of 10 cells' in out
-    # rerun: the finished screening runs are reused, not trained again
+    # reruns reuse the finished screening runs; the threshold decides the prediction
     stamp = os.path.getmtime(tmp_path / 's' / 'dyt' / 'summary.json')
-    study.main(['screen', *args, '--screen_steps=6', f'--screen_dir={tmp_path / "s"}'])
+    for threshold, prediction, words in ((-0.01, 'help', 'DyT expected to HELP'), (1.0, 'hurt', 'DyT expected to HURT')):
+        res = study.main(['screen', *args, '--screen_steps=6', f'--screen_dir={tmp_path / "s"}', f'--threshold={threshold}'])
+        assert res['prediction'] == prediction and words in capsys.readouterr().out
     assert os.path.getmtime(tmp_path / 's' / 'dyt' / 'summary.json') == stamp
+    # other settings in the same folder are refused, not silently reused
+    with pytest.raises(SystemExit, match='holds a screening run with other settings'):
+        study.main(['screen', *args, '--screen_steps=4', f'--screen_dir={tmp_path / "s"}'])
     with pytest.raises(SystemExit, match="the screen trains a DyT configuration; this one has norm='layernorm'"):
         study.main(['screen', *args, '--norm=layernorm'])
+    assert not os.path.exists(tmp_path / 'out')  # refused before anything ran
