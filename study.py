@@ -541,44 +541,49 @@ def beside_published(groups):
             if key == (g['scale'], g['budget'], g['variant'])]
 
 
+def table(header, rows):
+    """A markdown table: the header's cells, then one list of cells per row."""
+    return ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)] + ['| ' + ' | '.join(map(str, r)) + ' |'
+                                                                            for r in rows] + ['']
+
+
 def markdown(grid_dir, rows, groups, rule, link, pub, opts):
     counts = {st: sum(r['status'] == st for r in rows) for st in ('finished', 'collapsed', 'diverged', 'failed',
                                                                   'partial', 'new')}
     md = [f'# Study report: {grid_dir}', '', 'Runs: ' + ', '.join(f'{n} {st}' for st, n in counts.items() if n)
           + '. Means are over finished runs only; collapsed, diverged, failed and unfinished runs are listed below, '
           'never averaged in. Change = (variant - baseline) / baseline over seed means; in brackets each seed\'s '
-          'paired change and the paired t-test p-value over seeds.', '',
-          '## Validation loss: final and best checkpoint', '',
-          '| scale | budget | tokens/param | variant | n | final val loss | best val loss (mean step) '
-          '| change, final | change, best | saturation, end / screen |', '|---|---|---|---|---|---|---|---|---|---|']
-    for g in groups:
-        md.append(f"| {g['scale']} | {g['budget']} | {fmt(g['tokens_per_param'], '.3g')} | {g['variant']} | {g['n']} "
-                  f"| {pm(g['final'], g['final_std'])} | {pm(g['best'], g['best_std'])} ({fmt(g['best_iter'], '.0f')}) "
-                  f"| {change_cell(g, 'final')} | {change_cell(g, 'best')} "
-                  f"| {fmt(g['sat'], '.3f')} / {fmt(g['screen_sat'], '.3f')} |")
-    md += ['', f"## Screening rule: saturation > {opts['threshold']} -> DyT helps", '',
+          'paired change and the paired t-test p-value over seeds.', '', '## Validation loss: final and best checkpoint', '']
+    md += table(['scale', 'budget', 'tokens/param', 'variant', 'n', 'final val loss', 'best val loss (mean step)',
+                 'change, final', 'change, best', 'saturation, end / screen'],
+                [[g['scale'], g['budget'], fmt(g['tokens_per_param'], '.3g'), g['variant'], g['n'],
+                  pm(g['final'], g['final_std']), f"{pm(g['best'], g['best_std'])} ({fmt(g['best_iter'], '.0f')})",
+                  change_cell(g, 'final'), change_cell(g, 'best'), f"{fmt(g['sat'], '.3f')} / {fmt(g['screen_sat'], '.3f')}"]
+                 for g in groups])
+
+    def with_ci(s, k):
+        return fmt(s[k], '.2f') + (f" [{', '.join(fmt(v, '.2f') for v in s[k + '_ci'])}]" if s[k + '_ci'] else '')
+    md += [f"## Screening rule: saturation > {opts['threshold']} -> DyT helps", '',
            f'Items: DyT cells (scale x budget, seed means). Leave-one-scale-out fits the threshold on the other scales. '
-           f"95% bootstrap intervals ({opts['bootstrap']} resamples of the items). {PUBLISHED_RULE}.", '',
-           '| saturation at / outcome at | n | accuracy | balanced accuracy | AUC | leave-one-scale-out |', '|---|---|---|---|---|---|']
-    for key, s in rule.items():
-        cells = [f"{fmt(s[k], '.2f')} [{', '.join(fmt(v, '.2f') for v in s[k + '_ci'])}]" if s[k + '_ci'] else fmt(s[k], '.2f')
-                 for k in ('accuracy', 'balanced_accuracy', 'auc', 'loso')]
-        md.append(f"| {key.replace('screen_sat', 'step ' + str(s['screen_steps']))} | {s['n']} | " + ' | '.join(cells) + ' |')
-    md += ['', f"Saturation after {next((s['screen_steps'] for s in rule.values()), '-')} steps against saturation at the "
+           f"95% bootstrap intervals ({opts['bootstrap']} resamples of the items). {PUBLISHED_RULE}.", '']
+    md += table(['saturation at / outcome at', 'n', 'accuracy', 'balanced accuracy', 'AUC', 'leave-one-scale-out'],
+                [[key.replace('screen_sat', f"step {s['screen_steps']}"), s['n']]
+                 + [with_ci(s, k) for k in ('accuracy', 'balanced_accuracy', 'auc', 'loso')] for key, s in rule.items()])
+    md += [f"Saturation after {next((s['screen_steps'] for s in rule.values()), '-')} steps against saturation at the "
            f"end, over {link['n']} DyT runs: mean {fmt(link['mean_screen'], '.3f')} vs {fmt(link['mean_final'], '.3f')}, "
            f"Pearson r {fmt(link['pearson'], '.3f')}, same side of the threshold in {fmt(link['same_side'], '.0%')}.", '']
     analysed = [g for g in groups if g.get('htsr_alpha') is not None or g.get('erank') is not None]
     if analysed:
-        md += ['## Weight spectra and activation rank (final checkpoints, analyze.py)', '',
-               '| scale | budget | variant | mean HTSR alpha | activation effective rank |', '|---|---|---|---|---|']
-        md += [f"| {g['scale']} | {g['budget']} | {g['variant']} | {fmt(g['htsr_alpha'], '.2f')} | {fmt(g['erank'], '.1f')} |"
-               for g in analysed] + ['']
+        md += ['## Weight spectra and activation rank (final checkpoints, analyze.py)', '']
+        md += table(['scale', 'budget', 'variant', 'mean HTSR alpha', 'activation effective rank'],
+                    [[g['scale'], g['budget'], g['variant'], fmt(g['htsr_alpha'], '.2f'), fmt(g['erank'], '.1f')]
+                     for g in analysed])
     md += ['## The study\'s published figures (Verma 2026, final checkpoint, mean of 3 seeds) beside ours', '']
-    md += (['| figure | scale | budget | variant | published | ours | difference |', '|---|---|---|---|---|---|---|']
-           + [f"| {p['figure']} | {p['scale']} | {p['budget']} | {p['variant']} | {p['published']:g} | "
-              f"{fmt(p['ours'], '.4g')} | {fmt(p['difference'], '+.4g')} |" for p in pub]
-           if pub else ['No cell of this grid has a published counterpart (the study: GPT-2 64m-3.78b on WikiText-103).'])
-    md += ['', '## Runs not averaged', '']
+    md += table(['figure', 'scale', 'budget', 'variant', 'published', 'ours', 'difference'],
+                [[p['figure'], p['scale'], p['budget'], p['variant'], f"{p['published']:g}", fmt(p['ours'], '.4g'),
+                  fmt(p['difference'], '+.4g')] for p in pub]) if pub else \
+        ['No cell of this grid has a published counterpart (the study: GPT-2 64m-3.78b on WikiText-103).', '']
+    md += ['## Runs not averaged', '']
     md += [f"- {r['name']}: **{r['status']}**" + (f" ({r['reason']})" if r.get('reason') else '')
            for r in rows if r['status'] != 'finished'] or ['None.']
     return '\n'.join(md) + '\n'
