@@ -335,20 +335,33 @@ def report(results, labels):
                 print(f"{lab}: no DyT layer; alpha is defined for DyT layers only")
 
 
-def make_plots(results, labels, esds, outdir):
+def pyplot():
+    """matplotlib.pyplot on a file-only backend, or None (with a note) when matplotlib is not installed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib is not installed: plots skipped (pip install matplotlib); tables and JSON are complete")
-        return
+        return None
+    return plt
 
+
+def save_png(fig, path):
+    """Write a figure atomically and free it."""
+    import matplotlib.pyplot as plt
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110, bbox_inches="tight"))
+    plt.close(fig)
+
+
+def make_plots(results, labels, esds, outdir):
+    plt = pyplot()
+    if plt is None:
+        return
     os.makedirs(outdir, exist_ok=True)
 
     def save(fig, name):
-        atomic_write(os.path.join(outdir, name), lambda f: fig.savefig(f, format="png", dpi=110, bbox_inches="tight"))
-        plt.close(fig)
+        save_png(fig, os.path.join(outdir, name))
     dyt_runs = [(lab, r["saturation"]) for lab, r in zip(labels, results) if r.get("saturation", {}).get("global")]
     if dyt_runs:
         fig, ax = plt.subplots(figsize=(7, 4))

@@ -21,6 +21,16 @@ def plain_globals(namespace):
     return {k: v for k, v in namespace.items() if not k.startswith('_') and not k.isupper() and isinstance(v, PLAIN)}
 
 
+def run_config_file(path, namespace=None, what='config file'):
+    """Execute a Python config file on top of `namespace` (a copy) and return the resulting names."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: {what} '{path}' not found")
+    namespace = dict(namespace or {})
+    with open(path) as f:
+        exec(compile(f.read(), path, 'exec'), namespace)
+    return namespace
+
+
 def configure(defaults, argv, optional_types=None, doc=None):
     """Return a new dict: defaults <- config files <- --key=value overrides, each value type-checked.
 
@@ -55,11 +65,7 @@ def configure(defaults, argv, optional_types=None, doc=None):
 
     for arg in argv:
         if not arg.startswith('--'):
-            if not os.path.isfile(arg):
-                raise SystemExit(f"error: config file '{arg}' not found (arguments are config files and --key=value)")
-            namespace = dict(cfg)
-            with open(arg) as f:
-                exec(compile(f.read(), arg, 'exec'), namespace)
+            namespace = run_config_file(arg, cfg)
             for key, value in namespace.items():  # modules, functions and _private names are the file's own business
                 if not key.startswith('_') and isinstance(value, PLAIN):
                     set_key(key, value, arg)

@@ -15,6 +15,7 @@ The study as commands (Verma 2026, "When Does Removing LayerNorm Help?", arXiv 2
 A grid is a Python file of plain values (config/grid_mini.py documents the keys). Options are --key=value;
 other --key=value and config files given to `screen` go to train.py. `python study.py CMD --help` lists them.
 """
+import functools
 import glob
 import json
 import math
@@ -29,13 +30,13 @@ import numpy as np
 
 import train
 from analyze import DEFAULTS as ANALYZE_DEFAULTS
-from analyze import analyze
-from configurator import configure
-from data.common import atomic_write, load_split, unigram_entropy, write_json
+from analyze import HEADLINE_T, analyze, fmt, pyplot, save_png
+from configurator import configure, run_config_file
+from data.common import DataError, atomic_write, load_split, unigram_entropy, write_json
 from model import SAT_THRESHOLDS, GPTConfig
 
 REPO = os.path.dirname(os.path.abspath(__file__))
-AT_2 = SAT_THRESHOLDS.index(2.0)  # the study's headline threshold: tanh(2) is 96% of its limit
+AT_2 = SAT_THRESHOLDS.index(HEADLINE_T)  # saturation at |alpha x| > 2, the study's headline figure
 LLAMA = dict(pos='rope', mlp='swiglu', n_kv_head=4)
 VARIANTS = {  # train.py overrides on top of a scale; alpha0 2.0 everywhere, as in the study
     'ln': dict(norm='layernorm'), 'rmsnorm': dict(norm='rmsnorm'), 'dyt': dict(norm='dyt', dyt_alpha=2.0),
@@ -97,14 +98,11 @@ def check_train_args(args, where):
 
 def load_grid(path):
     """The grid file's values, checked, and its cells: [{name, scale, budget, variant, seed, args}]."""
-    if not os.path.isfile(path):
-        raise SystemExit(f"error: grid file '{path}' not found")
-    namespace = {}
-    exec(compile(open(path).read(), path, 'exec'), namespace)
+    namespace = run_config_file(path, what='grid file')
     grid = dict(overrides={}, custom_variants={}, seeds=[1337], screen_steps=500,
                 out_dir=os.path.join('out', os.path.splitext(os.path.basename(path))[0]))
     for key, value in namespace.items():
-        if key.startswith('_') or type(value).__name__ in ('module', 'function', 'type'):
+        if key.startswith('_') or type(value).__name__ in ('module', 'function', 'type', 'builtin_function_or_method'):
             continue
         if key not in GRID_KEYS:
             raise SystemExit(f"error: {path}: unknown grid key '{key}'; grid keys are {', '.join(GRID_KEYS)}")
@@ -187,10 +185,11 @@ def run_cell(cell, cell_dir, nproc=1, poll=30.0, extra=()):
             if proc.poll() is None:  # interrupted: stop train.py too; its last checkpoint resumes the cell
                 proc.terminate()
                 proc.wait()
-    if status(cell_dir) in ('finished', 'diverged'):  # summary.json written (torchrun turns exit status 3 into 1)
+    st = status(cell_dir)
+    if st in ('finished', 'diverged'):  # summary.json written (torchrun turns exit status 3 into 1)
         if os.path.exists(os.path.join(cell_dir, 'failed.json')):
             os.remove(os.path.join(cell_dir, 'failed.json'))
-        return status(cell_dir)
+        return st
     tail = open(out_path, errors='replace').read()[-2000:]
     write_json(os.path.join(cell_dir, 'failed.json'),
                dict(attempts=attempts + 1, returncode=proc.returncode, output_tail=tail))
@@ -388,20 +387,14 @@ def bootstrap_rule(items, threshold, n_boot, seed):
 # ------------------------------------------------------------------------------------------ the report
 
 
-def fmt(v, spec='.4f'):
-    return '-' if v is None else format(v, spec)
-
-
-def budget_entropy(cfg, cache={}):
-    """(unigram entropy of the run's train budget, its token count), from the data; None when it is missing."""
-    key = (cfg['dataset'], cfg['data_dir'], cfg['train_tokens'])
-    if key not in cache:
-        try:
-            data = load_split(cfg['dataset'], 'train', cfg['data_dir'])[:cfg['train_tokens']]
-            cache[key] = (unigram_entropy(data), len(data))
-        except Exception:  # data not on this machine: the report falls back on what train.py recorded
-            cache[key] = None
-    return cache[key]
+@functools.lru_cache(maxsize=None)
+def budget_entropy(dataset, data_dir, train_tokens):
+    """(unigram entropy of a train budget, its token count), from the data; None when the data is not here."""
+    try:
+        data = load_split(dataset, 'train', data_dir)[:train_tokens]
+    except DataError:  # the report then falls back on what train.py recorded
+        return None
+    return unigram_entropy(data), len(data)
 
 
 def collect(grid_dir, opts):
@@ -416,7 +409,8 @@ def collect(grid_dir, opts):
             row['reason'] = f"train.py exited with {read_json(os.path.join(d, 'failed.json'))['returncode']}"
         if s:
             cfg = s['config']
-            entropy, n_train = budget_entropy(cfg) or (s.get('unigram_entropy'), s.get('budget_tokens'))
+            entropy, n_train = (budget_entropy(cfg['dataset'], cfg['data_dir'], cfg['train_tokens'])
+                                or (s.get('unigram_entropy'), s.get('budget_tokens')))
             steps = opts['screen_steps'] or cell.get('screen_steps', 500)
             early = eval_at(d, steps)
             early = early if early and early['iter'] == steps else None  # an evaluation at exactly that step
@@ -520,8 +514,8 @@ def spectra_and_rank(runs, opts):
 
 
 
-def pm(mean, std, spec='.4f'):
-    return '-' if mean is None else fmt(mean, spec) + ('' if std is None else f' ± {fmt(std, spec)}')
+def pm(mean, std):
+    return '-' if mean is None else fmt(mean, '.4f') + ('' if std is None else f' ± {fmt(std, ".4f")}')
 
 
 def change_cell(g, key):
@@ -590,18 +584,12 @@ def markdown(grid_dir, rows, groups, rule, link, pub, opts):
 
 
 def plots(report_dir, groups, opts):
-    try:
-        import matplotlib
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print('matplotlib is not installed: plots skipped (pip install matplotlib); report.md and report.json are complete')
-        return []
-    names = []
+    plt, names = pyplot(), []
+    if plt is None:
+        return names
 
     def save(fig, name):
-        atomic_write(os.path.join(report_dir, name), lambda f: fig.savefig(f, format='png', dpi=110, bbox_inches='tight'))
-        plt.close(fig)
+        save_png(fig, os.path.join(report_dir, name))
         names.append(name)
     compared = [g for g in groups if g.get('change_final') is not None]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
