@@ -1,5 +1,5 @@
 """
-Measure what the study's explanation rests on (SPEC section 5), for one or more checkpoints side by side:
+Measure what the study's explanation rests on (Verma 2026; README "Analysis"), for one or more checkpoints side by side:
 
     saturation  fraction of |alpha*x| > t in every DyT layer (incl. the final one), t in 0.5..3.0, on random
                 train windows; global and per layer. Non-DyT models: input std per norm layer only.

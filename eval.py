@@ -1,5 +1,5 @@
 """
-Downstream evaluation of one or more checkpoints (SPEC section 6), comparable with lm-evaluation-harness.
+Downstream evaluation of one or more checkpoints (README "Evaluation"), comparable with lm-evaluation-harness.
 
   python eval.py out-ln out-dyt/best.pt --tasks=lambada,blimp --limit=500 --json=results.json
 

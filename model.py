@@ -7,7 +7,7 @@ Flags switch, each in one obvious place below:
   mlp:  'gelu' | 'swiglu'                              -> MLP
   pos:  'learned' | 'rope'                             -> GPT.forward / apply_rope()
 The defaults are nanoGPT's GPT-2, and parameter names are nanoGPT's, so its checkpoints load as they are.
-Formulas follow ../shared/SPEC.md sections 2-4 (DyT paper, microsoft/unilm Diff-Transformer, Llama).
+Formulas follow the DyT paper (Zhu et al. 2025), microsoft/unilm's Diff-Transformer (Ye et al. 2025) and Llama.
 """
 import math
 import os
@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-SAT_THRESHOLDS = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0)  # |alpha*x| cut-offs of the saturation measure (SPEC 5)
+SAT_THRESHOLDS = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0)  # |alpha*x| cut-offs of the saturation measure (Verma 2026)
 PEAK_FLOPS = {'A100': 312e12, 'H100': 989e12, 'H200': 989e12}  # dense bf16, by GPU name
 
 

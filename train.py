@@ -320,7 +320,7 @@ def main(argv):
         return (total[0] / total[1]).item()
 
     def eval_record(it):
-        raw_model.track_norm_stats(True)  # saturation etc. from the train windows (SPEC 5)
+        raw_model.track_norm_stats(True)  # saturation etc. from the train windows, as the study measures it
         train_loss = evaluate(train_data, train_eval_starts)
         raw_model.track_norm_stats(False)
         if ddp:  # the statistics buffers hold sums: add up every process's share

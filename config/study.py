@@ -1,4 +1,4 @@
-# The study's training protocol (SPEC 1.2), shared by every config/gpt2_*.py and config/llama_*.py.
+# The study's training protocol (Verma 2026; README "Scales and configs"), shared by every config/gpt2_*.py and config/llama_*.py.
 # Those files `from config.study import *`, then set the shape and the variant; --key=value overrides all.
 # Data budgets (1M/10M/50M/118M tokens) and seeds (1337/42/7) are set per run, each in its own out_dir
 # (train.py refuses an out_dir that already holds a run, unless --overwrite=True), e.g.

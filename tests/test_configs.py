@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, 'config', '*_*.py'))
                  if not os.path.basename(p).startswith('grid_'))  # grids are study.py's (tests/test_study.py)
 SHAPES = {'64m': (12, 8, 512), '124m': (12, 12, 768), '162m': (16, 14, 896), '354m': (24, 16, 1024),
-          '1.3b': (24, 32, 2048), '3.78b': (32, 32, 3072)}  # SPEC 1.1
+          '1.3b': (24, 32, 2048), '3.78b': (32, 32, 3072)}  # the study's scales
 FLAGS = {'ln': dict(norm='layernorm', attn='standard'), 'rmsnorm': dict(norm='rmsnorm', attn='standard'),
          'dyt': dict(norm='dyt', attn='standard', dyt_alpha=2.0), 'hardtanh': dict(norm='hardtanh', attn='standard'),
          'diff': dict(norm='layernorm', attn='diff'), 'dyt_gelu': dict(norm='dyt', dyt_alpha=2.0, mlp='gelu')}
@@ -34,7 +34,7 @@ def test_config_gives_the_study_protocol_and_its_model(path, monkeypatch):
     monkeypatch.chdir(ROOT)  # config files import config.study from the repo root, as train.py runs them
     cfg = configure(train.DEFAULTS, [path], train.OPTIONAL_TYPES)
     family, scale, variant = re.fullmatch(r'(gpt2|llama)_([\d.]+[mb])_(\w+)\.py', os.path.basename(path)).groups()
-    # SPEC 1.2: 64 sequences of 512 tokens per step, 5000 steps, AdamW (0.9, 0.95), wd 0.1, clip 1, no dropout
+    # the study's protocol: 64 sequences of 512 tokens per step, 5000 steps, AdamW (0.9, 0.95), wd 0.1, clip 1, no dropout
     assert (cfg['block_size'], cfg['batch_size'] * cfg['gradient_accumulation_steps']) == (512, 64)
     assert (cfg['max_iters'], cfg['warmup_iters'], cfg['lr_decay_iters'], cfg['min_lr']) == (5000, 2000, 600000, 6e-5)
     assert (cfg['beta1'], cfg['beta2'], cfg['weight_decay'], cfg['grad_clip']) == (0.9, 0.95, 0.1, 1.0)

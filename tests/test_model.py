@@ -347,7 +347,7 @@ def test_diff_attention_adds_only_lambdas_and_subnorm(kw):
 
 
 VOCAB, BLOCK = 50304, 512
-SCALES = {  # SPEC 1.1: name -> (n_layer, n_head, n_embd, nominal count without position embeddings)
+SCALES = {  # the study's scales: name -> (n_layer, n_head, n_embd, nominal count without position embeddings)
     '64m': (12, 8, 512, 63.5e6), '124m': (12, 12, 768, 124e6), '162m': (16, 14, 896, 162e6),
     '354m': (24, 16, 1024, 354e6), '1.3b': (24, 32, 2048, 1.3e9), '3.78b': (32, 32, 3072, 3.78e9)}
 
@@ -363,7 +363,7 @@ def test_study_scale_param_counts(scale):
     assert model.get_num_params() == formula
     assert model.get_num_params(non_embedding=False) == formula + BLOCK * d
     if scale == '162m':
-        # SPEC 1.1 calls this shape "162m", but 16 layers x 896 wide has 199.2M parameters (the lead measured the
+        # The study calls this shape "162m", but 16 layers x 896 wide has 199.2M parameters (the lead measured the
         # same); the study's label does not match its shape. We assert the true count, not the label.
         assert formula == 199_242_624
     else:
