@@ -1,25 +1,26 @@
 """
 Measure what the study's explanation rests on (Verma 2026; README "Analysis"), for one or more checkpoints side by side:
 
-    saturation  fraction of |alpha*x| > t in every DyT layer (incl. the final one), t in 0.5..3.0, on random
-                train windows; global and per layer. Non-DyT models: input std per norm layer only.
+    saturation  fraction of |alpha*x| > t in every point-wise norm layer (DyT/Derf, incl. the final one), t in
+                0.5..3.0, on random train windows; global and per layer. Other models: input std per norm layer.
     spectra     HTSR of every 2-D weight: power-law alpha of the eigenvalues of W^T W (Clauset fit, as
                 WeightWatcher does it), xmin, KS distance D, tail size, lambda_max, alpha_weighted, stable rank.
     rank        effective rank (Roy & Vetterli) of each block's output activations (B*T, D), not centred, and of
                 each weight matrix.
-    alpha       learned DyT alpha against 1/std of the layer's input, and their Pearson correlation.
+    alpha       learned DyT/Derf alpha against 1/std of the layer's input, and their Pearson correlation.
     all         everything, with one forward pass and one eigendecomposition per matrix.
 
     python analyze.py saturation out-dyt                     # a directory means its ckpt.pt
-    python analyze.py all out-ln out-dyt --which=best --json=cmp.json --plot=figs
+    python analyze.py all out-ln out-dyt --ckpt=best --json=cmp.json --plot=figs
     python analyze.py spectra out-ln/ckpt.pt --min_evals=50 --max_evals=5000
 
-Options, --key=value as in train.py (DEFAULTS below): which (ckpt|best, for directories), windows, seed,
-block_size (0 = the model's), batch_size, device (auto|cpu|cuda|mps...), min_evals, max_evals, max_n (skip weights
-whose long side exceeds it), dataset and data_dir (override where the train split is read: data_dir is the folder
-holding train.bin), train_tokens (windows come from the first N train tokens; -1 = the checkpoint's own data
-budget, 0 = the whole split), json=FILE, plot=DIR. The windows are the first `windows` of the ones train.py
-measures saturation on (data.common.random_windows, block_size + 1 tokens, less their last token).
+Options, --key=value as in train.py (DEFAULTS below): ckpt (latest|best: a directory's ckpt.pt or best.pt, as in
+sample.py and eval.py; a file is read as it is), windows, seed, block_size (0 = the model's), batch_size, device
+(auto|cpu|cuda|mps...), min_evals, max_evals, max_n (skip weights whose long side exceeds it), dataset and
+data_dir (override where the train split is read: data_dir is the folder holding train.bin), train_tokens (windows
+come from the first N train tokens; -1 = the checkpoint's own data budget, 0 = the whole split), json=FILE,
+plot=DIR. The windows are the first `windows` of the ones train.py measures saturation on
+(data.common.random_windows, block_size + 1 tokens, less their last token).
 
 JSON (--json=FILE, written atomically), schema "nanonorm-analysis/1". Sections appear only for the
 commands that compute them; every name is stable:
@@ -29,7 +30,7 @@ commands that compute them; every name is stable:
    "windows": {"count": int, "block_size": int, "seed": int, "split": "train",    # when data was read;
                "tokens": int},                     # windows lie in the first `tokens` train tokens
    "saturation": {"thresholds": [0.5, 1.0, 1.5, 2.0, 2.5, 3.0],
-                  "global": [fraction per threshold] | null (no DyT layer), "global_at_2": float | null,
+                  "global": [fraction per threshold] | null (no DyT/Derf layer), "global_at_2": float | null,
                   "layers": {name: {"kind": str, "alpha": float|null, "input_std": float, "count": int,
                                     "saturation": [fraction per threshold] | null}}},   # count: elements seen
    "spectra": {"layers": {name: {"shape": [rows, cols], "num_evals": int, "alpha": float, "xmin": float,
@@ -42,6 +43,7 @@ commands that compute them; every name is stable:
    "alpha": {"layers": {name: {"alpha": float, "input_std": float, "inv_std": float}},
              "pearson": float|null}}]}
 """
+import difflib
 import math
 import os
 import sys
@@ -52,10 +54,10 @@ import torch
 
 from configurator import configure
 from data.common import DataError, atomic_write, load_split, random_windows, write_json
-from model import load_checkpoint, pick_device
+from model import CHECKPOINTS, checkpoint_file, load_checkpoint, pick_device
 
 COMMANDS = ("saturation", "spectra", "rank", "alpha", "all")
-DEFAULTS = dict(which="ckpt", windows=50, seed=1337, block_size=0, batch_size=10, device="auto",
+DEFAULTS = dict(ckpt="latest", windows=50, seed=1337, block_size=0, batch_size=10, device="auto",
                 min_evals=50, max_evals=5000, max_n=50000, dataset="", data_dir="", train_tokens=-1, json="", plot="")
 HEADLINE_T = 2.0      # the study's headline threshold: tanh(2) is 96% of its limit
 EVALS_THRESH = 1e-5   # as WeightWatcher: eigenvalues at or below this count as zero and are not fitted
@@ -101,6 +103,13 @@ def effective_rank(s):
     return float(np.exp(-(p * np.log(p)).sum()))
 
 
+def float64_device(device):
+    """Where float64 work on tensors of `device` is done: there, except on Apple GPUs (MPS has no float64), whose
+    tensors go to the CPU first. CUDA keeps the work: on the CPU, a large model's block-output Grams take seconds."""
+    device = torch.device(device)
+    return torch.device("cpu") if device.type == "mps" else device
+
+
 def eigenvalues(mats):
     """Eigenvalues of W^T W (float64, ascending) for each matrix, i.e. its squared singular values. Computed as
     eigvalsh of the Gram matrix on the short side: ~10x faster than an SVD on CPU and accurate to ~1e-16 of
@@ -112,7 +121,8 @@ def eigenvalues(mats):
         per_call = max(1, (256 << 20) // (8 * r * c))       # ~256 MB of float64 per call
         for k in range(0, len(names), per_call):
             chunk = names[k:k + per_call]
-            W = torch.stack([mats[n] for n in chunk]).double()
+            W = torch.stack([mats[n] for n in chunk])
+            W = W.to(float64_device(W.device)).double()
             gram = W @ W.mT if r <= c else W.mT @ W
             out.update(zip(chunk, torch.linalg.eigvalsh(gram).clamp(min=0).cpu().numpy()))  # clamp: rounding
     return {name: out[name] for name in mats}
@@ -171,11 +181,12 @@ def forward_stats(model, windows, batch_size=10, block_ranks=False):
     alpha, input std per norm layer) and, with block_ranks, the effective rank of each block's output
     reshaped to (B*T, D). Reusable by anything that holds a model and windows (e.g. an early-training screen)."""
     device = next(model.parameters()).device
-    grams = {}   # block i -> sum of A^T A: the singular values of A without keeping A in memory
+    gram_device = float64_device(device)
+    grams = {}   # block i -> sum of A^T A in float64: the singular values of A without keeping A in memory
 
     def hook(i):
         def accumulate(module, inputs, out):
-            a = out.reshape(-1, out.shape[-1]).double()
+            a = out.reshape(-1, out.shape[-1]).to(gram_device).double()
             grams[i] = grams.get(i, 0) + a.T @ a
         return accumulate
     handles = [blk.register_forward_hook(hook(i)) for i, blk in enumerate(model.transformer.h)] if block_ranks else []
@@ -197,9 +208,10 @@ def forward_stats(model, windows, batch_size=10, block_ranks=False):
 
 
 def alpha_vs_std(norm_stats):
-    """DyT layers' learned alpha against 1/std of their input (the DyT paper: alpha tracks 1/std)."""
+    """Point-wise norm layers' (DyT/Derf) learned alpha against 1/std of their input (the DyT paper: alpha
+    tracks 1/std)."""
     layers = {name: dict(alpha=l["alpha"], input_std=l["input_std"], inv_std=1.0 / l["input_std"])
-              for name, l in norm_stats["layers"].items() if l["kind"] == "dyt"}
+              for name, l in norm_stats["layers"].items() if l["alpha"] is not None}
     a = np.array([v["alpha"] for v in layers.values()])
     b = np.array([v["inv_std"] for v in layers.values()])
     r = float(np.corrcoef(a, b)[0, 1]) if len(a) > 1 and a.std() > 0 and b.std() > 0 else None
@@ -275,21 +287,40 @@ def fmt(v, spec=".4g"):
     return "-" if v is None else format(v, spec)
 
 
-def print_table(title, labels, rows):
-    """rows: (name, [cell per checkpoint]); checkpoints side by side as columns."""
+def print_table(title, labels, rows, fields=None):
+    """rows: (name, [cell per checkpoint]); checkpoints side by side as columns. With fields, a cell is a tuple
+    of one string per field: each checkpoint's column splits into right-aligned sub-columns under a header row
+    of the field names."""
+    if fields is None:   # one string per checkpoint
+        fields, rows = [""], [(name, [(c,) for c in cells]) for name, cells in rows]
     w0 = max([len(r[0]) for r in rows] + [8])
-    ws = [max([len(lab)] + [len(r[1][k]) for r in rows]) for k, lab in enumerate(labels)]
+    ws = [[max([len(f)] + [len(r[1][k][j]) for r in rows]) for j, f in enumerate(fields)] for k in range(len(labels))]
+
+    def group(cell, w):
+        return "  ".join(c.rjust(wj) for c, wj in zip(cell, w))
+
+    def line(name, groups):
+        print("    ".join([name.ljust(w0)] + groups).rstrip())
+    for w, lab in zip(ws, labels):   # a label wider than its sub-columns widens the first one
+        w[0] += max(0, len(lab) - len(group(fields, w)))
     print(f"\n{title}")
-    print("  ".join([" " * w0] + [lab.rjust(w) for lab, w in zip(labels, ws)]))
+    line("", [lab.rjust(len(group(fields, w))) for lab, w in zip(labels, ws)])
+    if any(fields):
+        line("", [group(fields, w) for w in ws])
     for name, cells in rows:
-        print("  ".join([name.ljust(w0)] + [c.rjust(w) for c, w in zip(cells, ws)]))
+        line(name, [group(cell, w) for cell, w in zip(cells, ws)])
 
 
-def rows_by_name(results, section, key, cell):
-    """One row per layer name (union over checkpoints, first-seen order)."""
+def rows_by_name(results, section, key, cell, missing="-"):
+    """One row per layer name (union over checkpoints, first-seen order); `missing` where a checkpoint lacks it."""
     names = list(dict.fromkeys(n for r in results if section in r for n in r[section][key]))
-    return [(n, [cell(r[section][key][n]) if section in r and n in r[section][key] else "-" for r in results])
+    return [(n, [cell(r[section][key][n]) if section in r and n in r[section][key] else missing for r in results])
             for n in names]
+
+
+def print_notes(notes):
+    if notes:
+        print("\n" + "\n".join(notes))
 
 
 def report(results, labels):
@@ -297,26 +328,29 @@ def report(results, labels):
     if "saturation" in results[0]:
         th = results[0]["saturation"]["thresholds"]
         sat = [r["saturation"] for r in results]
-        rows = [(f"global t={t:g}", [fmt(s["global"][i], ".3f") if s["global"] else "-" for s in sat])
-                for i, t in enumerate(th)]
-        rows += rows_by_name(results, "saturation", "layers",
-                             lambda l: fmt(l["saturation"][th.index(HEADLINE_T)], ".3f") if l["saturation"] else "-")
-        print_table(f"saturation: fraction of |alpha*x| > t (layers at t={HEADLINE_T:g}); {first['count']} train "
-                    f"windows of {first['block_size']} tokens, seed {first['seed']}", labels, rows)
+        print_notes([f"{lab}: no DyT/Derf layer: saturation is defined for point-wise norm layers only; input std "
+                     "per layer follows" for lab, s in zip(labels, sat) if s["global"] is None])
+        if any(s["global"] for s in sat):
+            rows = [(f"global t={t:g}", [fmt(s["global"][i], ".3f") if s["global"] else "-" for s in sat])
+                    for i, t in enumerate(th)]
+            at_t = th.index(HEADLINE_T)
+            rows += rows_by_name(results, "saturation", "layers",
+                                 lambda l: fmt(l["saturation"][at_t], ".3f") if l["saturation"] else "-")
+            print_table(f"saturation: fraction of |alpha*x| > t (layers at t={HEADLINE_T:g}); {first['count']} train "
+                        f"windows of {first['block_size']} tokens, seed {first['seed']}", labels, rows)
         print_table("input std per norm layer", labels,
                     rows_by_name(results, "saturation", "layers", lambda l: fmt(l["input_std"])))
-        for lab, s in zip(labels, sat):
-            if s["global"] is None:
-                print(f"{lab}: no DyT layer; saturation is defined for DyT layers only")
     if "spectra" in results[0]:
         sp = [r["spectra"] for r in results]
-        rows = rows_by_name(results, "spectra", "layers", lambda l: f"{l['alpha']:.2f} {l['alpha_weighted']:.2f} "
-                                                                    f"{l['stable_rank']:.1f}")
-        rows += [(k, [fmt(s[k]) for s in sp]) for k in
-                 ("mean_alpha", "median_alpha", "mean_alpha_weighted", "mean_stable_rank")]
-        rows += [("layers fitted/skipped", [f"{len(s['layers'])}/{len(s['skipped'])}" for s in sp])]
-        print_table("HTSR spectra per weight: alpha, alpha_weighted, stable rank "
-                    "(alpha 2-4 well trained, 4-6 weak, > 6 random-like, < 2 over-trained)", labels, rows)
+        rows = rows_by_name(results, "spectra", "layers", lambda l: (f"{l['alpha']:.2f}", f"{l['alpha_weighted']:.2f}",
+                                                                     f"{l['stable_rank']:.1f}"), missing=("-",) * 3)
+        rows += [("mean", [(fmt(s["mean_alpha"], ".2f"), fmt(s["mean_alpha_weighted"], ".2f"),
+                            fmt(s["mean_stable_rank"], ".1f")) for s in sp])]
+        rows += [("median", [(fmt(s["median_alpha"], ".2f"), "", "") for s in sp])]
+        rows += [("layers fitted/skipped", [(f"{len(s['layers'])}/{len(s['skipped'])}", "", "") for s in sp])]
+        print_table("HTSR spectra per weight: power-law alpha (2-4 well trained, 4-6 weak, > 6 random-like, < 2 "
+                    "over-trained),\nalpha_w = alpha_weighted = alpha log10(lambda_max), stable_rank = sum(lambda) / "
+                    "lambda_max", labels, rows, fields=("alpha", "alpha_w", "stable_rank"))
     if "rank" in results[0]:
         rk = [r["rank"] for r in results]
         nb = max(len(k["blocks"]) for k in rk)
@@ -327,12 +361,13 @@ def report(results, labels):
         rows += [("mean over weights", [fmt(k["mean_weights"], ".1f") for k in rk])]
         print_table("effective rank (Roy & Vetterli) of activations and weights", labels, rows)
     if "alpha" in results[0]:
-        rows = rows_by_name(results, "alpha", "layers", lambda l: f"{l['alpha']:.3f} / {l['inv_std']:.3f}")
-        rows += [("pearson r", [fmt(r["alpha"]["pearson"], ".3f") for r in results])]
-        print_table("DyT alpha / (1 / input std)", labels, rows)
-        for lab, r in zip(labels, results):
-            if not r["alpha"]["layers"]:
-                print(f"{lab}: no DyT layer; alpha is defined for DyT layers only")
+        print_notes([f"{lab}: no DyT/Derf layer: alpha is defined for point-wise norm layers only"
+                     for lab, r in zip(labels, results) if not r["alpha"]["layers"]])
+        if any(r["alpha"]["layers"] for r in results):
+            rows = rows_by_name(results, "alpha", "layers", lambda l: (f"{l['alpha']:.3f}", f"{l['inv_std']:.3f}"),
+                                missing=("-", "-"))
+            rows += [("pearson r", [(fmt(r["alpha"]["pearson"], ".3f"), "") for r in results])]
+            print_table("DyT/Derf learned alpha against 1 / input std", labels, rows, fields=("alpha", "1/std"))
 
 
 def pyplot():
@@ -362,24 +397,24 @@ def make_plots(results, labels, esds, outdir):
 
     def save(fig, name):
         save_png(fig, os.path.join(outdir, name))
-    dyt_runs = [(lab, r["saturation"]) for lab, r in zip(labels, results) if r.get("saturation", {}).get("global")]
-    if dyt_runs:
+    sat_runs = [(lab, r["saturation"]) for lab, r in zip(labels, results) if r.get("saturation", {}).get("global")]
+    if sat_runs:
         fig, ax = plt.subplots(figsize=(7, 4))
-        for lab, s in dyt_runs:
+        for lab, s in sat_runs:
             ax.plot(s["thresholds"], s["global"], "o-", label=lab)
         ax.axhline(0.43, ls=":", c="gray", label="screening rule 0.43")
         ax.set(xlabel="threshold t", ylabel="fraction |alpha*x| > t", title="global saturation")
         ax.legend()
         save(fig, "saturation_thresholds.png")
         fig, ax = plt.subplots(figsize=(10, 4))
-        names = list(dict.fromkeys(n for _, s in dyt_runs for n, l in s["layers"].items() if l["saturation"]))
-        i, w = dyt_runs[0][1]["thresholds"].index(HEADLINE_T), 0.8 / len(dyt_runs)
-        for k, (lab, s) in enumerate(dyt_runs):
+        names = list(dict.fromkeys(n for _, s in sat_runs for n, l in s["layers"].items() if l["saturation"]))
+        i, w = sat_runs[0][1]["thresholds"].index(HEADLINE_T), 0.8 / len(sat_runs)
+        for k, (lab, s) in enumerate(sat_runs):
             ls = s["layers"]
-            ax.bar(np.arange(len(names)) + (k - (len(dyt_runs) - 1) / 2) * w,
+            ax.bar(np.arange(len(names)) + (k - (len(sat_runs) - 1) / 2) * w,
                    [ls[n]["saturation"][i] if n in ls else 0 for n in names], width=w, label=lab)
         ax.set_xticks(np.arange(len(names)), names, rotation=90, fontsize=7)
-        ax.set(ylabel=f"fraction |alpha*x| > {HEADLINE_T:g}", title="saturation per DyT layer")
+        ax.set(ylabel=f"fraction |alpha*x| > {HEADLINE_T:g}", title="saturation per DyT/Derf layer")
         ax.legend()
         save(fig, "saturation_layers.png")
     for name in dict.fromkeys(n for e in esds for n in e):
@@ -408,7 +443,7 @@ def make_plots(results, labels, esds, outdir):
         for lab, r in zip(labels, results):
             ls = r["alpha"]["layers"].values()
             ax.scatter([l["inv_std"] for l in ls], [l["alpha"] for l in ls], label=f"{lab} r={fmt(r['alpha']['pearson'], '.2f')}")
-        ax.set(xlabel="1 / input std", ylabel="learned alpha", title="DyT alpha vs 1/std")
+        ax.set(xlabel="1 / input std", ylabel="learned alpha", title="DyT/Derf alpha vs 1/std")
         ax.legend()
         save(fig, "alpha_vs_inv_std.png")
     print(f"plots written to {outdir}/")
@@ -420,10 +455,16 @@ def parse_args(argv):
     """<command> <checkpoint or run dir> ... and --key=value options (configurator.configure checks them)."""
     pos = [a for a in argv if not a.startswith("--")]
     opts = configure(DEFAULTS, [a for a in argv if a.startswith("--")], doc=__doc__)
-    if len(pos) < 2 or pos[0] not in COMMANDS:
-        raise SystemExit(f"usage: python analyze.py <{'|'.join(COMMANDS)}> <ckpt.pt | out_dir> [more ...] [--key=value ...]")
-    if opts["which"] not in ("ckpt", "best"):
-        raise SystemExit("--which must be ckpt or best")
+    if pos and pos[0] not in COMMANDS:
+        close = difflib.get_close_matches(pos[0], COMMANDS, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise SystemExit(f"analyze.py: unknown command {pos[0]!r}{hint}; choose one of {', '.join(COMMANDS)}")
+    if len(pos) < 2:
+        raise SystemExit(f"usage: python analyze.py <{'|'.join(COMMANDS)}> <ckpt.pt | out_dir> [more ...] "
+                         "[--key=value ...]")
+    if opts["ckpt"] not in CHECKPOINTS:
+        raise SystemExit(f"analyze.py: --ckpt={opts['ckpt']} is not a checkpoint choice; use "
+                         + " or ".join(f"{k} ({f})" for k, f in CHECKPOINTS.items()))
     if opts["windows"] < 1 or opts["batch_size"] < 1:
         raise SystemExit("--windows and --batch_size must be positive")
     try:
@@ -442,7 +483,7 @@ def label(path):
 
 def main(argv):
     command, paths, opts = parse_args(argv)
-    paths = [Path(p) / f"{opts['which']}.pt" if Path(p).is_dir() else Path(p) for p in paths]
+    paths = [Path(checkpoint_file(p, opts["ckpt"])) for p in paths]
     labels = [label(p) for p in paths]
     labels = [lab if labels.count(lab) == 1 else f"{lab}#{k}" for k, lab in enumerate(labels)]
     out = [analyze(p, command, opts) for p in paths]

@@ -1,31 +1,40 @@
 """
 Forward+backward throughput of each norm and attention variant at one small shared shape, next to a plain
-nanoGPT-style GPT of the same size (the bar the LayerNorm baseline must meet).
+nanoGPT-style GPT of the same size (the bar the LayerNorm baseline must meet). Device, dtype, TF32 and
+torch.compile are set as train.py sets them, so that the figures mean what training runs.
 
-    python bench.py                       # CPU, the shape below
-    python bench.py --device=cuda --n_layer=12 --n_embd=768 --n_head=12 --block_size=1024 --batch_size=8
+    python bench.py                       # the shape below, on cuda, else mps, else cpu
+    python bench.py --device=cpu --steps=15
+    python bench.py --device=cuda --n_layer=12 --n_embd=768 --n_head=12 --block_size=1024 --compile=True
+    python bench.py --help                # the keys and their defaults
 """
 import sys
 import time
+from contextlib import nullcontext
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from model import GPT, GPTConfig
+from configurator import configure, plain_globals
+from model import GPT, NORMS, GPTConfig, pick_device
 
-shape = dict(n_layer=4, n_head=8, n_embd=256, block_size=256, vocab_size=4096, bias=False)
-batch_size, steps, warmup, device = 8, 10, 3, 'cpu'
-for arg in sys.argv[1:]:  # --key=value for the names above
-    key, _, value = arg.removeprefix('--').partition('=')
-    if key in shape:
-        shape[key] = type(shape[key])(value) if key != 'bias' else value == 'True'
-    elif key in ('batch_size', 'steps', 'warmup'):
-        globals()[key] = int(value)
-    elif key == 'device':
-        device = value
-    else:
-        raise SystemExit(f"unknown option --{key}; known: {sorted(shape) + ['batch_size', 'steps', 'warmup', 'device']}")
+# -----------------------------------------------------------------------------------------------------------
+n_layer = 4
+n_head = 8
+n_embd = 256
+block_size = 256
+vocab_size = 4096
+bias = False
+batch_size = 8
+steps = 10  # timed steps of each variant; their median is reported
+warmup = 3  # untimed steps first; with compile=True they include the compilation
+device = None  # None = 'cuda' if available, else 'mps', else 'cpu' (model.pick_device)
+dtype = None  # 'float32' or 'bfloat16' (autocast); None = bfloat16 on CUDA when supported, else float32
+compile = False  # torch.compile each model before timing
+# -----------------------------------------------------------------------------------------------------------
+DEFAULTS = plain_globals(globals())
+ATTNS = ('standard', 'diff')
 
 
 class PlainBlock(nn.Module):
@@ -65,29 +74,64 @@ class PlainGPT(nn.Module):
         return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-def step_time(model, idx):
-    t0 = time.perf_counter()
-    model.zero_grad(set_to_none=True)
-    _, loss = model(idx, idx)
-    loss.backward()
-    if device.startswith('cuda'):
-        torch.cuda.synchronize()
-    return time.perf_counter() - t0
+def main(argv):
+    cfg = configure(DEFAULTS, argv, dict(device=str, dtype=str), __doc__)
+    shape = {k: cfg[k] for k in ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size', 'bias')}
+    try:
+        dev = pick_device(cfg['device'])
+        GPTConfig(**shape)  # the architecture's own checks, with their messages
+    except ValueError as e:
+        raise SystemExit(f'error: {e}') from None
+    device_type = dev.split(':')[0]
+    dtype = cfg['dtype'] or ('bfloat16' if device_type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32')
+    if dtype not in ('float32', 'bfloat16'):
+        raise SystemExit(f"error: dtype={dtype!r} is not known; use 'float32' or 'bfloat16'")
+    if min(cfg['batch_size'], cfg['steps']) < 1 or cfg['warmup'] < 0:
+        raise SystemExit('error: batch_size and steps must be positive, warmup >= 0')
+    if cfg['compile'] and cfg['warmup'] < 1:
+        raise SystemExit('error: compile=True needs warmup >= 1: the first step compiles, and must not be timed')
+    ctx = nullcontext() if dtype == 'float32' else torch.autocast(device_type, dtype=getattr(torch, dtype))
+    if device_type == 'cuda':  # as train.py
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    # GPU kernels run asynchronously: wait for them before reading the clock
+    sync = {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(device_type, lambda: None)
+
+    torch.manual_seed(0)
+    variants = {'plain nanoGPT-style (LayerNorm)': PlainGPT(**shape)}
+    for attn in ATTNS:
+        for norm in NORMS:
+            variants[f"norm={norm} attn={attn}"] = GPT(GPTConfig(**shape, norm=norm, attn=attn))
+    variants = {name: model.to(dev).train() for name, model in variants.items()}
+    if cfg['compile']:
+        # The GPT variants share GPT.forward's code: each one is a recompile of it, and past the limit (8 by
+        # default) dynamo runs the rest eager, with only a warning (newer PyTorch names the limit recompile_limit)
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, len(variants))
+        variants = {name: torch.compile(model) for name, model in variants.items()}
+
+    def step_time(model, idx):  # the previous step ended with sync(): the clock starts on an idle device
+        t0 = time.perf_counter()
+        model.zero_grad(set_to_none=True)
+        with ctx:
+            _, loss = model(idx, idx)
+        loss.backward()
+        sync()
+        return time.perf_counter() - t0
+
+    B, T = cfg['batch_size'], cfg['block_size']
+    print(f"shape {shape}, batch {B}, device {dev}, dtype {dtype}, compile {cfg['compile']}, threads "
+          f"{torch.get_num_threads()}; median of {cfg['steps']} steps after {cfg['warmup']} warm-up, the variants "
+          "taking turns step by step")
+    idx = torch.randint(0, cfg['vocab_size'], (B, T), device=dev)
+    times = {name: [] for name in variants}
+    for i in range(cfg['warmup'] + cfg['steps']):  # interleaved: a slow spell of the machine hits every variant alike
+        for name, model in variants.items():
+            dt = step_time(model, idx)
+            if i >= cfg['warmup']:
+                times[name].append(dt)
+    for name, ts in times.items():
+        print(f"{name:34s} {B * T / sorted(ts)[len(ts) // 2]:12,.0f} tokens/s")
 
 
-torch.manual_seed(0)
-print(f"shape {shape}, batch {batch_size}, device {device}, threads {torch.get_num_threads()}; "
-      f"median of {steps} steps after {warmup} warm-up, the variants taking turns step by step")
-variants = {'plain nanoGPT-style (LayerNorm)': PlainGPT(**shape)}
-for attn in ('standard', 'diff'):
-    for norm in ('layernorm', 'rmsnorm', 'dyt', 'hardtanh'):
-        variants[f"norm={norm} attn={attn}"] = GPT(GPTConfig(**shape, norm=norm, attn=attn))
-idx = torch.randint(0, shape['vocab_size'], (batch_size, shape['block_size']), device=device)
-times = {name: [] for name in variants}
-for i in range(warmup + steps):  # interleaved, so a slow spell of the machine hits every variant alike
-    for name, model in variants.items():
-        dt = step_time(model.to(device).train(), idx)
-        if i >= warmup:
-            times[name].append(dt)
-for name, ts in times.items():
-    print(f"{name:34s} {batch_size * shape['block_size'] / sorted(ts)[len(ts) // 2]:10,.0f} tokens/s")
+if __name__ == '__main__':
+    main(sys.argv[1:])

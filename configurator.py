@@ -7,7 +7,8 @@ nanoGPT's configuration convention, shared by train.py and sample.py:
 The script's defaults come first; each positional argument is a Python config file executed on top of them
 (so `from config.study import *` works from the repo root); then each --key=value override, whose value is
 read as a Python literal (a bare word stays a string, and so does any value of a string key, e.g.
---out_dir=2024). Unknown keys and values of the wrong type are errors.
+--out_dir=2024). Unknown keys and values of the wrong type are errors. In a config file, names starting with
+'_' (helper variables), imported modules and functions are not keys: they are ignored.
 """
 import ast
 import difflib
@@ -49,6 +50,8 @@ def configure(defaults, argv, optional_types=None, doc=None):
         if key not in defaults:
             close = difflib.get_close_matches(key, list(defaults), n=3, cutoff=0.6)
             hint = f"; did you mean {' or '.join(close)}?" if close else "; --help lists the keys"
+            if not source.startswith('--'):  # a config file's own helper variable
+                hint += f" (a helper variable in a config file must start with '_', e.g. _{key}: those are ignored)"
             raise SystemExit(f"error: unknown config key '{key}' (from {source}){hint}")
         nullable = key in optional_types or defaults[key] is None
         want = optional_types.get(key, None if defaults[key] is None else type(defaults[key]))
@@ -72,7 +75,8 @@ def configure(defaults, argv, optional_types=None, doc=None):
         else:
             key, eq, text = arg[2:].partition('=')
             if not eq:
-                raise SystemExit(f"error: expected --key=value, got '{arg}'")
+                flag = f"; for a flag write {arg}=True" if isinstance(defaults.get(key), bool) else ''
+                raise SystemExit(f"error: expected --key=value, got '{arg}'{flag}")
             try:
                 value = ast.literal_eval(text)
             except (SyntaxError, ValueError):

@@ -1,35 +1,42 @@
 """
 Downstream evaluation of one or more checkpoints (README "Evaluation"), comparable with lm-evaluation-harness.
 
-  python eval.py out-ln out-dyt/best.pt --tasks=lambada,blimp --limit=500 --json=results.json
+  python eval.py out-ln out-dyt --ckpt=best --tasks=lambada,blimp --limit=500 --json=results.json
 
-A directory stands for its ckpt.pt (the latest checkpoint); pass best.pt explicitly for the best-val one.
+A run directory stands for its ckpt.pt (--ckpt=latest, the default) or its best.pt (--ckpt=best, the lowest
+val loss); a checkpoint file is evaluated as it is.
 Tasks (--tasks, comma separated; default all four):
-  lambada   OpenAI LAMBADA, 5153 passages. context = text up to its last space (none: EOT, as the harness does
-            for an empty context), target = " " + last word. acc = share of passages whose every target token
-            is the greedy argmax given the true prefix; ppl = exp(-mean over passages of the target's log-prob).
+  lambada   OpenAI LAMBADA, 5153 passages, split as lm-evaluation-harness's lambada_openai: context = text
+            before its last space, target = " " + last word, and whitespace ending the context moves to the
+            target (a double space or "\n " before the last word is scored); an empty context is EOT.
+            acc = share of passages whose every target token is the greedy argmax given the true prefix;
+            ppl = exp(-mean over passages of the target's log-prob).
   blimp     every BLiMP paradigm file (67). A pair is right iff log P(" "+good | EOT) >= log P(" "+bad | EOT):
             a tie counts as right, as in lm-evaluation-harness (right iff argmax of [good, bad] is 0, and argmax
             takes the first of equal values). score = mean over paradigms; a field's = mean over its paradigms.
-  wikitext  token-level perplexity of the WikiText-103 test split (data/wikitext103/, or --wikitext_dir).
+  wikitext  token-level perplexity of the WikiText-103 test split (data/wikitext103/, or --wikitext_dir);
+            GPT-2-tokenized models only (WikiText-103 is prepared in GPT-2 BPE only).
   val       token-level perplexity of the val split of the checkpoint's dataset, from the folder it trained on
             (its data_dir, else data/<dataset>/); --dataset=NAME reads data/NAME/ instead; --data_dir=DIR is
             the folder holding val.bin and meta.json, as in train.py.
 Everything is checked before any scoring: checkpoints, tokenizers, every task's data. Tasks named in --tasks
 must all run: any problem is an error. With the default list, a task that cannot run is skipped with a note
 saying how to fix it: LAMBADA/BLiMP that cannot be downloaded, a perplexity split not prepared, and wikitext
-for a checkpoint that is not GPT-2-tokenized (WikiText-103 exists only in GPT-2 BPE; a byte-level run has no
-wikitext figure). A val split tokenized unlike the checkpoint is always an error: its data changed since training.
+for a checkpoint that is not GPT-2-tokenized (said before whether the data is there). A split tokenized
+unlike the checkpoint is always an error: its data changed since training.
 Perplexity uses consecutive windows of block_size + 1 tokens that share one token at the edges, as in training:
 every token but the first is predicted exactly once, from 1 to block_size tokens of context.
-Contexts longer than block_size are cut from the left. --limit caps the LAMBADA passages, the BLiMP pairs
-per paradigm and the perplexity windows. LAMBADA and BLiMP are downloaded into data/lambada/ and data/blimp/
-on first use (data/<name>/prepare.py); --lambada_dir / --blimp_dir point at copies made elsewhere.
---tiktoken_file defaults to the one the run was trained with.
+Contexts longer than block_size are cut from the left. Sequences are sorted by length and batched up to
+--batch_tokens tokens, padding included; lm_head runs only where a target token is predicted. --dtype=bfloat16
+(the default on a GPU that has it) runs under autocast as training does; on CUDA float32 matmuls use TF32.
+--limit caps the LAMBADA passages, the BLiMP pairs per paradigm and the perplexity windows. LAMBADA and BLiMP
+are downloaded into data/lambada/ and data/blimp/ on first use (data/<name>/prepare.py); --lambada_dir /
+--blimp_dir point at copies made elsewhere. --tiktoken_file defaults to the one the run was trained with.
+Progress and notes go to stderr; stdout holds the table, then "wrote FILE" with --json.
 
 --json FILE schema:
   {"args": {...the command-line options...},
-   "checkpoints": [{"checkpoint": path, "iter_num": int|null, "tokenizer": "gpt2"|"byte", "model_args": {...},
+   "checkpoints": [{"checkpoint": file, "iter_num": int|null, "tokenizer": "gpt2"|"byte", "model_args": {...},
      "skipped": {task: why},
      "tasks": {
        "lambada":  {"n", "acc", "ppl", "seconds", "examples_per_s"},
@@ -40,6 +47,7 @@ on first use (data/<name>/prepare.py); --lambada_dir / --blimp_dir point at copi
        "val":      {"dataset", "n", "tokens", "loss", "ppl", "seconds", "examples_per_s"}}}]}
 """
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -51,7 +59,7 @@ import torch
 from data.blimp import prepare as blimp
 from data.common import DataError, get_tokenizer, load_meta, load_split, write_json
 from data.lambada import prepare as lambada
-from model import load_checkpoint, pick_device
+from model import checkpoint_file, load_checkpoint, pick_device
 
 TASKS = ("lambada", "blimp", "wikitext", "val")
 
@@ -63,10 +71,24 @@ def progress(label, done, total, t0):
     print(f"\r  {label}: {done}/{total} ({rate:.1f}/s)", end=end, file=sys.stderr, flush=True)
 
 
+def token_batches(lengths, batch_tokens):
+    """Indices into `lengths` grouped into batches, longest first: a batch holds as many sequences as fit in
+    batch_tokens once padded to its first (longest) one, and at least one. Sorting makes neighbours of
+    similar length share a batch (little padding), and a batch too large for memory fails at the start."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches, start = [], 0
+    while start < len(order):
+        size = max(1, batch_tokens // lengths[order[start]])
+        batches.append(order[start:start + size])
+        start += size
+    return batches
+
+
 @torch.inference_mode()
-def score(model, examples, batch_size, device, label="scoring"):
+def score(model, examples, batch_tokens, device, dtype=torch.float32, label="scoring"):
     """examples: list of (context_ids, target_ids). Returns, per example, the summed log-prob of the target
-    given the context and whether every target token is the greedy argmax given the true prefix."""
+    given the context and whether every target token is the greedy argmax given the true prefix.
+    dtype=torch.bfloat16 runs the model under autocast; the log-softmax is always float32."""
     block_size = model.config.block_size
     seqs = []
     for ctx, tgt in examples:
@@ -75,58 +97,65 @@ def score(model, examples, batch_size, device, label="scoring"):
         if len(tgt) > block_size:
             raise ValueError(f"a target of {len(tgt)} tokens does not fit the model's block_size {block_size}")
         seqs.append((list(ctx) + list(tgt))[-(block_size + 1):])  # cut the context from the left
-    # longest first, so sequences of similar length share a batch (less padding, and a too-large batch
-    # runs out of memory at the start rather than at the end)
-    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+    autocast = torch.autocast(torch.device(device).type, dtype=dtype, enabled=dtype != torch.float32)
     logprob, greedy = [0.0] * len(seqs), [False] * len(seqs)
-    t0 = last_report = time.time()
-    for start in range(0, len(order), batch_size):
-        batch = order[start:start + batch_size]
+    done, t0, last_report = 0, time.time(), time.time()
+    for batch in token_batches([len(s) - 1 for s in seqs], batch_tokens):
         T = len(seqs[batch[0]]) - 1
         # right padding: attention is causal, so pad tokens never change the real positions
-        x = torch.zeros(len(batch), T, dtype=torch.long)
-        y = torch.zeros(len(batch), T, dtype=torch.long)
-        is_target = torch.zeros(len(batch), T, dtype=torch.bool)
+        x = torch.tensor([seqs[i][:-1] + [0] * (T + 1 - len(seqs[i])) for i in batch])
+        rows, cols, targets = [], [], []
         for row, i in enumerate(batch):
-            n = len(seqs[i]) - 1
-            x[row, :n] = torch.tensor(seqs[i][:-1])
-            y[row, :n] = torch.tensor(seqs[i][1:])
-            is_target[row, n - len(examples[i][1]):n] = True
-        x, y, is_target = x.to(device), y.to(device), is_target.to(device)
-        rows, cols = is_target.nonzero(as_tuple=True)
-        # softmax only where a target is predicted: LAMBADA scores ~2 of ~130 positions
-        logits = model(x, all_logits=True)[0][rows, cols].float()
-        target = y[rows, cols]
-        token_lp = logits.gather(1, target[:, None])[:, 0] - logits.logsumexp(-1)
+            n, tgt = len(seqs[i]) - 1, examples[i][1]
+            rows += [row] * len(tgt)
+            cols += range(n - len(tgt), n)
+            targets += tgt
+        # the target positions are known here on the CPU; finding them on the device (nonzero) would wait for it
+        rows, cols, targets = torch.tensor([rows, cols, targets]).to(device)
+        with autocast:
+            # lm_head only where a target is predicted: LAMBADA scores ~2 of ~130 positions
+            logits = model.lm_head(model.hidden(x.to(device))[rows, cols]).float()
+        token_lp = logits.gather(1, targets[:, None])[:, 0] - logits.logsumexp(-1)
         lp = torch.zeros(len(batch), device=device).index_add_(0, rows, token_lp)
-        misses = torch.zeros(len(batch), device=device).index_add_(0, rows, (logits.argmax(-1) != target).float())
-        for i, lp_i, misses_i in zip(batch, lp.tolist(), misses.tolist()):  # one device sync per batch
+        misses = torch.zeros(len(batch), device=device).index_add_(0, rows, (logits.argmax(-1) != targets).float())
+        for i, lp_i, misses_i in zip(batch, *torch.stack([lp, misses]).tolist()):  # one device sync per batch
             logprob[i], greedy[i] = lp_i, misses_i == 0
-        done = min(start + batch_size, len(seqs))
+        done += len(batch)
         if done == len(seqs) or time.time() - last_report > 1:  # about once a second, not once a batch
             progress(label, done, len(seqs), t0)
             last_report = time.time()
     return logprob, greedy
 
 
-def eval_lambada(model, tok, passages, limit, batch_size, device):
-    examples = []
-    for text in passages[:limit]:
-        context, word = text.rsplit(" ", 1) if " " in text else ("", text)
-        # an empty context becomes EOT, as in the harness (and every target needs a token before it)
-        examples.append((tok.encode(context) or [tok.eot], tok.encode(" " + word)))
-    logprob, greedy = score(model, examples, batch_size, device, "lambada")
+def lambada_example(tok, text):
+    """(context ids, target ids) of a passage, as lm-evaluation-harness scores lambada_openai: context = the
+    text before its last space, target = " " + last word; then (its _encode_pair) whitespace that ends the
+    context moves to the front of the target, so a double space or "\n " before the last word is scored.
+    The target's ids are those of context + target after the context's, also as there."""
+    context, word = text.rsplit(" ", 1) if " " in text else ("", text)
+    stripped = context.rstrip()
+    context, target = stripped, context[len(stripped):] + " " + word
+    if not context:  # the harness's empty context: the target is scored after EOT (it needs a token before it)
+        return [tok.eot], tok.encode(target)
+    ctx = tok.encode(context)
+    return ctx, tok.encode(context + target)[len(ctx):]
+
+
+def eval_lambada(model, tok, passages, limit, **scoring):
+    """scoring: score()'s batch_tokens, device and dtype."""
+    examples = [lambada_example(tok, text) for text in passages[:limit]]
+    logprob, greedy = score(model, examples, label="lambada", **scoring)
     return {"n": len(examples), "acc": sum(greedy) / len(greedy),
             "ppl": math.exp(-sum(logprob) / len(logprob))}
 
 
-def eval_blimp(model, tok, paradigms, limit, batch_size, device):
-    """paradigms: one list of pair dicts per paradigm."""
+def eval_blimp(model, tok, paradigms, limit, **scoring):
+    """paradigms: one list of pair dicts per paradigm; scoring: score()'s batch_tokens, device and dtype."""
     paradigms = [pairs[:limit] for pairs in paradigms]
     # all sentences of all paradigms in one call, so batches stay full
     examples = [([tok.eot], tok.encode(" " + pair[key])) for pairs in paradigms
                 for pair in pairs for key in ("sentence_good", "sentence_bad")]
-    logprob, _ = score(model, examples, batch_size, device, "blimp")
+    logprob, _ = score(model, examples, label="blimp", **scoring)
     per_paradigm, by_field, k = {}, defaultdict(list), 0
     for pairs in paradigms:
         right = [logprob[k + 2 * j] >= logprob[k + 2 * j + 1] for j in range(len(pairs))]  # tie: right
@@ -140,11 +169,11 @@ def eval_blimp(model, tok, paradigms, limit, batch_size, device):
             "fields": {f: sum(a) / len(a) for f, a in sorted(by_field.items())}, "paradigms": per_paradigm}
 
 
-def eval_perplexity(model, tokens, limit, batch_size, device, label):
+def eval_perplexity(model, tokens, limit, label, **scoring):
     n = model.config.block_size
     starts = list(range(0, len(tokens) - 1, n))[:limit]
     examples = [([int(tokens[s])], tokens[s + 1:s + n + 1].tolist()) for s in starts]
-    logprob, _ = score(model, examples, batch_size, device, label)
+    logprob, _ = score(model, examples, label=label, **scoring)
     count = sum(len(tgt) for _, tgt in examples)
     loss = -sum(logprob) / count
     return {"n": len(examples), "tokens": count, "loss": loss, "ppl": math.exp(loss)}
@@ -152,7 +181,8 @@ def eval_perplexity(model, tokens, limit, batch_size, device, label):
 
 def check_checkpoint(path, args):
     """Check a checkpoint (on the meta device: no weights are read) and its tokenizer before any data is
-    fetched or scored; keeps what planning needs."""
+    fetched or scored; keeps what planning needs. A run directory becomes its --ckpt file from here on."""
+    path = checkpoint_file(path, args.ckpt)
     try:
         model, ckpt = load_checkpoint(path, device="meta")
         tokenizer = ckpt.get("tokenizer", "gpt2")  # nanoGPT checkpoints predate the field and are all GPT-2 BPE
@@ -172,7 +202,8 @@ def eval_set_dir(name, module, given):
     if not os.path.exists(os.path.join(module.HERE, "meta.json")):  # prepare() writes it last
         print(f"{name}: not prepared yet, downloading it", file=sys.stderr)
         try:
-            module.prepare()
+            with contextlib.redirect_stdout(sys.stderr):  # its progress; stdout is for the table
+                module.prepare()
         except (DataError, OSError) as e:  # OSError covers the requests errors
             raise DataError(f"could not prepare {name}: {e}\nOr run `python data/{name}/prepare.py` on a machine "
                             f"with internet and copy its data/{name}/ folder to {module.HERE}, "
@@ -215,6 +246,9 @@ def perplexity_split(task, info, args):
     """(dataset, tokens) of a checkpoint's wikitext or val task. DataError: not prepared, or wikitext for a
     model that is not GPT-2-tokenized (both skipped in the default task list); SystemExit: wrong data."""
     cfg = info["config"]
+    if task == "wikitext" and info["tokenizer"] != "gpt2":  # said first: preparing the data would not help
+        raise DataError(f"wikitext needs a GPT-2-tokenized model (WikiText-103 is prepared in GPT-2 BPE only); "
+                        f"{info['path']} uses '{info['tokenizer']}'")
     if task == "wikitext":
         dataset, split, folder, option = "wikitext103", "test", args.wikitext_dir, "--wikitext_dir"
     else:  # the folder the run trained from (train.py --data_dir), unless another dataset is asked for
@@ -228,11 +262,11 @@ def perplexity_split(task, info, args):
     except DataError as e:
         raise DataError(f"{e}\n(or give the folder holding {split}.bin and meta.json with {option}=DIR)") from None
     # token ids only mean something under the tokenizer the model was trained with
-    why = f"dataset '{dataset}' is tokenized with '{have}' but {info['path']} uses '{info['tokenizer']}'"
-    if have != info["tokenizer"] and task == "wikitext":  # WikiText-103 is prepared in GPT-2 BPE only
-        raise DataError(f"{why}; wikitext perplexity needs a GPT-2-tokenized model")
     if have != info["tokenizer"]:
-        raise SystemExit(f"error: {why}; evaluate on a dataset prepared with it (--dataset=NAME, --data_dir=DIR)")
+        fix = (f"rebuild it with: python data/{dataset}/prepare.py --force" if task == "wikitext" else
+               "evaluate on a dataset prepared with it (--dataset=NAME, --data_dir=DIR)")
+        raise SystemExit(f"error: dataset '{dataset}' is tokenized with '{have}' but {info['path']} uses "
+                         f"'{info['tokenizer']}'; {fix}")
     if len(tokens) < 2:  # load_split refuses empty files; perplexity needs a token to predict and one before
         raise SystemExit(f"error: the {split} split of '{dataset}' has 1 token, perplexity needs 2 or more; "
                          f"rebuild it with: python data/{dataset}/prepare.py --force")
@@ -261,7 +295,8 @@ def evaluate(info, inputs, skipped, args):
     model, ckpt = load_checkpoint(info["path"], device=args.device)  # checked already: ValueError is unlikely
     result = {"checkpoint": info["path"], "iter_num": ckpt.get("iter_num"), "tokenizer": info["tokenizer"],
               "model_args": ckpt["model_args"], "skipped": skipped, "tasks": {}}
-    common = dict(limit=args.limit, batch_size=args.batch_size, device=args.device)
+    common = dict(limit=args.limit, batch_tokens=args.batch_tokens, device=args.device,
+                  dtype=getattr(torch, args.dtype))
     for task, data in inputs.items():
         t0 = time.time()
         if task == "lambada":
@@ -301,11 +336,21 @@ def table(results):
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
-    p.add_argument("checkpoints", nargs="+", help="checkpoint files or run directories (-> their ckpt.pt)")
+    p.add_argument("checkpoints", nargs="+", help="checkpoint files or run directories (see --ckpt)")
+    p.add_argument("--ckpt", default="latest", choices=("latest", "best"),
+                   help="which checkpoint of a run directory: latest (ckpt.pt) or best (best.pt, lowest val loss); "
+                   "a file is evaluated as it is")
     p.add_argument("--tasks", default=None, help="comma-separated subset of " + ",".join(TASKS) + " (default all; "
                    "then a task whose data is missing is skipped with a note)")
     p.add_argument("--limit", type=int, default=None, help="LAMBADA passages, BLiMP pairs per paradigm, windows")
-    p.add_argument("--batch_size", type=int, default=8, help="sequences per forward pass (memory ~ B*T*vocab*8 B)")
+    p.add_argument("--batch_tokens", type=int, default=8192, help="tokens per forward pass, padding included: "
+                   "as many sequences as fit, at least one. 8192 holds 8 perplexity windows of GPT-2's 1024 "
+                   "tokens, ~60 LAMBADA passages or ~800 BLiMP sentences. Perplexity and BLiMP score nearly every "
+                   "token, so a batch makes up to batch_tokens x vocab float32 logits (1.6 GB at 8192 with "
+                   "GPT-2's vocabulary) and a temporary as large: lower it if memory runs out")
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
+                   help="bfloat16 runs under autocast, as training did (default: bfloat16 on a GPU that has it, "
+                   "else float32)")
     p.add_argument("--device", default="auto", help="auto (cuda, else mps, else cpu), cpu, cuda, cuda:1, mps")
     p.add_argument("--json", default=None, help="also write the results to this file")
     p.add_argument("--lambada_dir", default=None, help=f"folder holding {lambada.FILE} (default data/lambada/)")
@@ -322,8 +367,8 @@ def parse_args(argv):
     unknown = [t for t in args.tasks if t not in TASKS]
     if unknown or not args.tasks:
         p.error(f"unknown task(s) {unknown}; choose from {','.join(TASKS)}")
-    if args.limit is not None and args.limit < 1 or args.batch_size < 1:
-        p.error("--limit and --batch_size must be positive")
+    if args.limit is not None and args.limit < 1 or args.batch_tokens < 1:
+        p.error("--limit and --batch_tokens must be positive")
     return args
 
 
@@ -333,6 +378,11 @@ def main(argv=None):
         args.device = pick_device(args.device)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
+    cuda = args.device.startswith("cuda")
+    if args.dtype is None:  # train.py's choice
+        args.dtype = "bfloat16" if cuda and torch.cuda.is_bf16_supported() else "float32"
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True  # float32 matmuls in TF32, as in training
     # every check before any scoring; the checkpoints first, so a mistyped path downloads nothing
     infos = [check_checkpoint(path, args) for path in args.checkpoints]
     sets, missing = load_eval_sets(args)
@@ -347,6 +397,7 @@ def main(argv=None):
     print(table(results))
     if args.json:
         write_json(args.json, {"args": vars(args), "checkpoints": results})  # atomic: temp file, then rename
+        print(f"wrote {args.json}")
     return results
 
 

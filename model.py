@@ -2,15 +2,18 @@
 One GPT for the question "when does removing LayerNorm help?".
 
 Flags switch, each in one obvious place below:
-  norm: 'layernorm' | 'rmsnorm' | 'dyt' | 'hardtanh'   -> make_norm()
+  norm: 'layernorm' | 'rmsnorm' | 'dyt' | 'derf' | 'hardtanh'   -> make_norm()
   attn: 'standard' | 'diff' (Differential Attention)   -> CausalSelfAttention
   mlp:  'gelu' | 'swiglu'                              -> MLP
   pos:  'learned' | 'rope'                             -> GPT.forward / apply_rope()
 The defaults are nanoGPT's GPT-2, and parameter names are nanoGPT's, so its checkpoints load as they are.
-Formulas follow the DyT paper (Zhu et al. 2025), microsoft/unilm's Diff-Transformer (Ye et al. 2025) and Llama.
+Formulas follow the DyT paper (Zhu et al. 2025), the Derf paper (Chen et al. 2025), microsoft/unilm's
+Diff-Transformer (Ye et al. 2025) and Llama.
 """
 import math
 import os
+import pickle
+import zipfile
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +21,8 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 SAT_THRESHOLDS = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0)  # |alpha*x| cut-offs of the saturation measure (Verma 2026)
+NORMS = ('layernorm', 'rmsnorm', 'dyt', 'derf', 'hardtanh')  # the `norm` flag's values
+POINTWISE = ('dyt', 'derf')  # norms that squash each value alone: they have an alpha and a saturation
 PEAK_FLOPS = {'A100': 312e12, 'H100': 989e12, 'H200': 989e12}  # dense bf16, by GPU name
 
 
@@ -33,11 +38,11 @@ class GPTConfig:
     bias: bool = True
     norm: str = 'layernorm'
     norm_eps: float = 1e-5
-    dyt_alpha: float = 0.5  # DyT alpha init; the study uses 2.0
+    dyt_alpha: float = 0.5  # alpha init of DyT and Derf (both papers' default); the study uses 2.0 for DyT
     dyt_alpha_attn: float | None = None  # per-place inits (DyT paper, LLM rule); None = dyt_alpha
     dyt_alpha_ffn: float | None = None
     dyt_alpha_final: float | None = None
-    embed_scale: bool = False  # LLaMA-DyT: learnable scalar on token embeddings, init sqrt(n_embd)
+    embed_scale: bool = False  # learnable scalar on the (token + position) embeddings, init sqrt(n_embd)
     emb_init_std: float = 0.02  # token/position embedding init (and the tied output layer's): GPT-2's 0.02.
     # Small DyT models collapse with it (README, "When DyT collapses"); 0.3 or 1.0 (PyTorch's default) train.
     attn: str = 'standard'
@@ -46,7 +51,7 @@ class GPTConfig:
     rope_theta: float = 10000.0
 
     def __post_init__(self):
-        choices = dict(norm=('layernorm', 'rmsnorm', 'dyt', 'hardtanh'), attn=('standard', 'diff'),
+        choices = dict(norm=NORMS, attn=('standard', 'diff'),
                        mlp=('gelu', 'swiglu'), pos=('learned', 'rope'))
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
@@ -106,7 +111,7 @@ class Norm(nn.Module):
             alpha = alpha.full_tensor()
         return {'kind': self.kind, 'alpha': alpha.item() if alpha is not None else None,
                 'input_std': std, 'count': int(n),
-                'saturation': [c / n for c in self.stat_sat.tolist()] if self.kind == 'dyt' and n else None}
+                'saturation': [c / n for c in self.stat_sat.tolist()] if self.kind in POINTWISE and n else None}
 
 
 class LayerNorm(Norm):
@@ -157,6 +162,26 @@ class DyT(Norm):
         return y * self.weight if self.bias is None else torch.addcmul(self.bias, y, self.weight)
 
 
+class Derf(Norm):
+    """Dynamic erf (Chen et al. 2025): gamma * erf(alpha * x + s) + beta, with ONE learnable alpha and ONE
+    learnable shift s for the layer. Saturation is measured on erf's argument, |alpha * x + s|."""
+    kind = 'derf'
+
+    def __init__(self, ndim, bias, alpha0):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.full((1,), float(alpha0)))
+        self.shift = nn.Parameter(torch.zeros(1))
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+
+    def forward(self, x):
+        ax = self.alpha * x + self.shift
+        if self.tracking:
+            self.observe(x, ax)
+        y = torch.erf(ax)
+        return y * self.weight if self.bias is None else torch.addcmul(self.bias, y, self.weight)
+
+
 class HardTanh(Norm):
     """The study's control: DyT's bound without its learnable slope, clip(x, -1, 1) * gamma + beta."""
     kind = 'hardtanh'
@@ -179,8 +204,11 @@ def make_norm(config, dyt_alpha=None):
         return LayerNorm(config.n_embd, config.bias, config.norm_eps)
     if config.norm == 'rmsnorm':
         return RMSNorm(config.n_embd, config.norm_eps)
+    alpha0 = config.dyt_alpha if dyt_alpha is None else dyt_alpha
     if config.norm == 'dyt':
-        return DyT(config.n_embd, config.bias, config.dyt_alpha if dyt_alpha is None else dyt_alpha)
+        return DyT(config.n_embd, config.bias, alpha0)
+    if config.norm == 'derf':
+        return Derf(config.n_embd, config.bias, alpha0)
     return HardTanh(config.n_embd, config.bias)
 
 
@@ -188,9 +216,11 @@ def make_norm(config, dyt_alpha=None):
 # Rotary position embedding, rotate-half layout: the pair (x[i], x[i + d/2]) turns by pos * theta^(-2i/d).
 
 def rope_angles(block_size, head_dim, theta):
-    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    angles = torch.outer(torch.arange(block_size, dtype=torch.float64), inv_freq)
-    return angles.cos().float(), angles.sin().float()
+    """cos and sin tables, computed in float64 on the CPU (Apple GPUs have no float64), returned in float32 on
+    the default device (the one a `with torch.device(...)` block builds the model on)."""
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device='cpu') / head_dim)
+    angles = torch.outer(torch.arange(block_size, dtype=torch.float64, device='cpu'), inv_freq)
+    return tuple(t.float().to(torch.get_default_device()) for t in (angles.cos(), angles.sin()))
 
 
 def apply_rope(x, cos, sin):
@@ -304,7 +334,8 @@ class GPT(nn.Module):
             cos, sin = rope_angles(config.block_size, config.n_embd // config.n_head, config.rope_theta)
             self.register_buffer('rope_cos', cos, persistent=False)
             self.register_buffer('rope_sin', sin, persistent=False)
-        self.embed_scale = nn.Parameter(torch.tensor(math.sqrt(config.n_embd))) if config.embed_scale else None
+        # one element, not a 0-dim scalar: FSDP2 cannot shard a 0-dim parameter
+        self.embed_scale = nn.Parameter(torch.full((1,), math.sqrt(config.n_embd))) if config.embed_scale else None
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
 
@@ -329,22 +360,32 @@ class GPT(nn.Module):
             n -= self.transformer.wpe.weight.numel()
         return n
 
-    def forward(self, idx, targets=None, all_logits=False):
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        key = prefix + 'embed_scale'
+        if key in state_dict and state_dict[key].dim() == 0:  # saved before embed_scale became 1-element
+            state_dict[key] = state_dict[key].reshape(1)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def hidden(self, idx):
+        """The final norm's output (B, T, n_embd): what lm_head reads. eval.py applies lm_head where it scores."""
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} is longer than block_size={self.config.block_size}")
         x = self.transformer.wte(idx)
-        if self.embed_scale is not None:
-            x = x * self.embed_scale
         rope = None
         if self.config.pos == 'learned':
             x = x + self.transformer.wpe(torch.arange(T, device=idx.device))
         else:
             rope = (self.rope_cos[:T], self.rope_sin[:T])
+        if self.embed_scale is not None:  # after the position embeddings, as in Derf's nanoGPT patch
+            x = x * self.embed_scale
         x = self.transformer.drop(x)
         for block in self.transformer.h:
             x = block(x, rope)
-        x = self.transformer.ln_f(x)
+        return self.transformer.ln_f(x)
+
+    def forward(self, idx, targets=None, all_logits=False):
+        x = self.hidden(idx)
         if targets is not None:
             logits = self.lm_head(x)
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
@@ -366,11 +407,11 @@ class GPT(nn.Module):
                 layer.reset_stats()
 
     def norm_stats(self):
-        """{'thresholds': [...], 'saturation': pooled fraction of |alpha*x| > t over all DyT layers (None without
-        DyT), 'layers': {name: {'kind', 'alpha', 'input_std', 'count' (elements seen), 'saturation'}}}."""
+        """{'thresholds': [...], 'saturation': pooled fraction of |alpha*x (+ s)| > t over all DyT/Derf layers (None
+        without them), 'layers': {name: {'kind', 'alpha', 'input_std', 'count' (elements seen), 'saturation'}}}."""
         layers = {name: layer.stats() for name, layer in self.norm_layers()}
         sats = [s['saturation'] for s in layers.values() if s['saturation'] is not None]
-        # Every DyT layer sees the same number of elements, so the pooled fraction is the mean over layers.
+        # Every DyT/Derf layer sees the same number of elements, so the pooled fraction is the mean over layers.
         pooled = [sum(col) / len(sats) for col in zip(*sats)] if sats else None
         return {'thresholds': list(SAT_THRESHOLDS), 'layers': layers, 'saturation': pooled}
 
@@ -423,21 +464,46 @@ def pick_device(device=None):
     return device
 
 
-def load_checkpoint(path, device='cpu'):
+CHECKPOINTS = {'latest': 'ckpt.pt', 'best': 'best.pt'}  # a run directory's checkpoints, by the name users pick
+
+
+def checkpoint_file(path, which='latest'):
+    """The checkpoint file meant by `path`: a file as it is, a run directory's ckpt.pt ('latest', written at
+    every eval) or best.pt ('best', lowest val loss). sample.py, analyze.py and eval.py take `which` alike."""
+    if which not in CHECKPOINTS:
+        raise ValueError(f"{which!r} is not a checkpoint choice; use 'latest' (ckpt.pt) or 'best' (best.pt)")
+    return os.path.join(path, CHECKPOINTS[which]) if os.path.isdir(path) else str(path)
+
+
+def strip_wrappers(key):
+    """A parameter name without the prefixes torch.compile ('_orig_mod.') and DDP ('module.') add, in any order."""
+    while key.startswith(('_orig_mod.', 'module.')):
+        key = key.removeprefix('_orig_mod.').removeprefix('module.')
+    return key
+
+
+def load_checkpoint(path, device='cpu', which='latest'):
     """Load a train.py (or nanoGPT) checkpoint -> (model in eval mode, checkpoint dict).
 
-    `path` is a ckpt.pt/best.pt file or a run directory (its ckpt.pt). Raises FileNotFoundError or ValueError
-    with a message that says what is wrong. device='meta' checks a checkpoint (keys, shapes) without
-    materialising its model: the file is memory-mapped and no weight is copied."""
-    path = os.path.join(path, 'ckpt.pt') if os.path.isdir(path) else str(path)
+    `path` is a ckpt.pt/best.pt file or a run directory (its ckpt.pt, or best.pt with which='best'). Raises
+    FileNotFoundError or ValueError with a message that says what is wrong. device='meta' checks a checkpoint
+    (keys, shapes) without materialising its model: the file is memory-mapped and no weight is copied."""
+    path = checkpoint_file(path, which)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no checkpoint at {path}: give a run's out_dir or its ckpt.pt / best.pt "
                                 "(train one with `python train.py`)")
     device = pick_device(device)
     try:
         ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)  # mmap: no second copy in RAM
-    except Exception as e:
-        raise ValueError(f"cannot read checkpoint {path} (truncated or corrupt?): {e}") from None
+    except Exception as e:  # PyTorch's own message suggests save options that do not apply here
+        if not zipfile.is_zipfile(path):
+            why = 'it is not a complete checkpoint archive (truncated by an interrupted copy or a full disk?)'
+        elif isinstance(e, pickle.UnpicklingError):
+            why = 'it holds Python objects other than tensors and plain values; it was not written by train.py'
+        else:
+            why = f'the archive is damaged ({type(e).__name__})'
+        raise ValueError(f"cannot read checkpoint {path}: {why}. Copy it again, or use the run's other checkpoint "
+                         "(ckpt.pt / best.pt)") from None
     if not isinstance(ckpt, dict) or 'model' not in ckpt or 'model_args' not in ckpt:
         raise ValueError(f"{path} is not a training checkpoint: it needs 'model' and 'model_args' entries")
     try:
@@ -445,11 +511,18 @@ def load_checkpoint(path, device='cpu'):
             model = GPT(GPTConfig(**ckpt['model_args']))
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: its model_args do not describe a model this version builds: {e}") from None
-    state = {k.removeprefix('_orig_mod.').removeprefix('module.'): v.to('meta') if device == 'meta' else v
-             for k, v in ckpt['model'].items()
+    state = {strip_wrappers(k): v.to('meta') if device == 'meta' else v for k, v in ckpt['model'].items()
              if not k.endswith('.attn.bias')}  # old nanoGPT checkpoints also saved the causal mask
+    mismatch = f"{path}: the weights do not match its model_args (another architecture?):"
     try:
-        model.load_state_dict(state)
-    except RuntimeError as e:
-        raise ValueError(f"{path}: the weights do not match its model_args (another architecture?): {e}") from None
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # shapes differ; PyTorch lists every tensor, a few say enough
+        raise ValueError(f"{mismatch} {few([line.strip().rstrip('.') for line in str(e).splitlines() if 'size mismatch' in line])}")
+    if result.missing_keys or result.unexpected_keys:
+        raise ValueError(f"{mismatch} missing {few(result.missing_keys)}; unexpected {few(result.unexpected_keys)}")
     return model.eval(), ckpt
+
+
+def few(items, n=3):
+    return ', '.join(items[:n]) + (f' and {len(items) - n} more' if len(items) > n else '') if items else 'none'
+

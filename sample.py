@@ -6,7 +6,6 @@ Sample from a trained model (any variant), decoding with the tokenizer the run w
   python sample.py --help                           # the keys and their defaults
 (nanoGPT's init_from key is gone: sampling is always from a train.py checkpoint, never from OpenAI's GPT-2.)
 """
-import os
 import sys
 from contextlib import nullcontext
 
@@ -14,11 +13,11 @@ import torch
 
 from configurator import configure, plain_globals
 from data.common import DataError, get_tokenizer
-from model import load_checkpoint, pick_device
+from model import CHECKPOINTS, checkpoint_file, load_checkpoint, pick_device
 
 # -----------------------------------------------------------------------------------------------------------
 out_dir = 'out'
-ckpt = 'latest'  # 'latest' (ckpt.pt), 'best' (best.pt), or the path of a checkpoint file
+ckpt = 'latest'  # out_dir's 'latest' (ckpt.pt) or 'best' (best.pt), as in analyze.py and eval.py; or a checkpoint file
 start = '\n'  # the prompt, or "FILE:path" to read it from a file
 num_samples = 3
 max_new_tokens = 200
@@ -27,7 +26,7 @@ top_k = 200  # keep only the top_k most likely tokens; None = all
 seed = 1337
 device = None  # None = 'cuda' if available, else 'mps', else 'cpu' (model.pick_device)
 dtype = None  # 'float32', 'bfloat16' or 'float16'; None = bfloat16 on CUDA when supported, else float32
-compile = False
+compile = False  # torch.compile the forward that generate calls (dynamic shapes: the sequence grows)
 tiktoken_file = None  # GPT-2 .tiktoken ranks file for offline machines
 # -----------------------------------------------------------------------------------------------------------
 DEFAULTS = plain_globals(globals())
@@ -36,8 +35,7 @@ DEFAULTS = plain_globals(globals())
 def main(argv):
     # top_k is listed so that it also takes None (all tokens), although its default is 200
     cfg = configure(DEFAULTS, argv, dict(top_k=int, device=str, dtype=str, tiktoken_file=str), __doc__)
-    path = {'latest': os.path.join(cfg['out_dir'], 'ckpt.pt'),
-            'best': os.path.join(cfg['out_dir'], 'best.pt')}.get(cfg['ckpt'], cfg['ckpt'])
+    path = checkpoint_file(cfg['out_dir'], cfg['ckpt']) if cfg['ckpt'] in CHECKPOINTS else cfg['ckpt']
     torch.manual_seed(cfg['seed'])
     start = cfg['start']
     try:
@@ -58,7 +56,8 @@ def main(argv):
     except (FileNotFoundError, ValueError, DataError) as e:
         raise SystemExit(f'error: {e}') from None
     if cfg['compile']:
-        model = torch.compile(model)
+        # in place: torch.compile(model) would return a wrapper whose generate() still calls the eager forward
+        model.compile(dynamic=True)
     ctx = nullcontext() if dtype == 'float32' else torch.autocast(device.split(':')[0], dtype=getattr(torch, dtype))
 
     ids = tok.encode(start) or [tok.eot]  # an empty prompt starts from end-of-text

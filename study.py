@@ -33,7 +33,7 @@ from analyze import DEFAULTS as ANALYZE_DEFAULTS
 from analyze import HEADLINE_T, analyze, fmt, pyplot, save_png
 from configurator import configure, run_config_file
 from data.common import DataError, atomic_write, load_split, unigram_entropy, write_json
-from model import SAT_THRESHOLDS, GPTConfig
+from model import POINTWISE, SAT_THRESHOLDS, GPTConfig
 
 REPO = os.path.dirname(os.path.abspath(__file__))
 AT_2 = SAT_THRESHOLDS.index(HEADLINE_T)  # saturation at |alpha x| > 2, the study's headline figure
@@ -43,7 +43,7 @@ VARIANTS = {  # train.py overrides on top of a scale; alpha0 2.0 everywhere, as 
     'hardtanh': dict(norm='hardtanh'), 'diff': dict(norm='layernorm', attn='diff'),
     'dyt_diff': dict(norm='dyt', dyt_alpha=2.0, attn='diff'), 'llama_ln': dict(LLAMA, norm='layernorm'),
     'llama_rmsnorm': dict(LLAMA, norm='rmsnorm'), 'llama_dyt': dict(LLAMA, norm='dyt', dyt_alpha=2.0),
-    'llama_dyt_gelu': dict(LLAMA, norm='dyt', dyt_alpha=2.0, mlp='gelu')}
+    'llama_dyt_gelu': dict(LLAMA, norm='dyt', dyt_alpha=2.0, mlp='gelu'), 'derf': dict(norm='derf', dyt_alpha=2.0)}
 GRID_KEYS = dict(scales=dict, budgets=list, variants=list, seeds=list, overrides=dict, custom_variants=dict,
                  out_dir=str, screen_steps=int)
 RUNNER_SETS = ('out_dir', 'train_tokens', 'seed', 'init_from', 'overwrite')  # a grid may not override these
@@ -484,8 +484,8 @@ def screening(groups, runs, opts):
                 rule[f'{name}/{outcome}'] = dict(
                     bootstrap_rule(items, opts['threshold'], opts['bootstrap'], opts['seed']),
                     screen_steps=next((r['screen_iter'] for r in runs if r.get('screen_iter')), None))
-    pairs = [(r['screen_sat'], r['sat']) for r in runs if r['status'] == 'finished' and r.get('screen_sat') is not None
-             and r.get('sat') is not None]
+    pairs = [(r['screen_sat'], r['sat']) for r in runs if r['status'] == 'finished' and r.get('norm') == 'dyt'
+             and r.get('screen_sat') is not None and r.get('sat') is not None]  # the rule is DyT's: Derf saturates otherwise
     a, b = np.array(pairs).T if pairs else ([], [])
     link = dict(n=len(pairs), pearson=float(np.corrcoef(a, b)[0, 1]) if len(pairs) > 2 and a.std() and b.std() else None,
                 same_side=float(np.mean([(x > opts['threshold']) == (y > opts['threshold']) for x, y in pairs]))
@@ -498,7 +498,7 @@ def spectra_and_rank(runs, opts):
     """Mean HTSR alpha and activation effective rank of each finished LN/DyT run's final checkpoint, with
     analyze.py's functions; cached in the cell folder as analysis.json."""
     for r in runs:
-        if r['status'] != 'finished' or r['variant'] != baseline(r['variant']) and r['norm'] != 'dyt':
+        if r['status'] != 'finished' or r['variant'] != baseline(r['variant']) and r['norm'] not in POINTWISE:
             continue
         cache = os.path.join(r['dir'], 'analysis.json')
         res = read_json(cache)

@@ -280,6 +280,8 @@ def main(argv):
         if master and notes:
             print('\n'.join(notes))
         model.load_state_dict(ckpt['model'])  # train.py saves the raw model's state: no prefixes to strip
+        moments = ckpt['optimizer']['state'].get('embed_scale', {})  # 0-dim in checkpoints of older versions
+        moments.update({k: v.reshape(1) for k, v in moments.items() if k != 'step' and v.dim() == 0})
         iter_num, best_val_loss, best_iter = ckpt['iter_num'], ckpt['best_val_loss'], ckpt['best_iter']
         guard, last_eval = ckpt['guard'], ckpt['last_eval']
     model.to(device)

@@ -1,8 +1,32 @@
 import json
+import os
+from unittest import mock
 
 import numpy as np
 import pytest
 import torch
+
+
+def gpt2_offline():
+    """(available, ranks file) for the tests that need GPT-2's BPE, with no network: the file named by
+    NANONORM_TIKTOKEN_FILE (README "Data"), else tiktoken's own cache (ranks file None)."""
+    path = os.environ.get('NANONORM_TIKTOKEN_FILE')
+    if path:
+        return os.path.isfile(path), path
+    import tiktoken
+    import tiktoken.load
+    with mock.patch.object(tiktoken.load, 'read_file', side_effect=OSError('no download in tests')):
+        try:
+            tiktoken.get_encoding('gpt2')  # from the cache, or not at all
+            return True, None
+        except (OSError, ValueError):
+            return False, None
+
+
+HAVE_GPT2, GPT2_RANKS = gpt2_offline()
+needs_gpt2 = pytest.mark.skipif(not HAVE_GPT2, reason=(
+    "needs GPT-2's BPE offline: set NANONORM_TIKTOKEN_FILE to a GPT-2 ranks file (README 'Data'), or fill "
+    "tiktoken's cache once with internet: python -c \"import tiktoken; tiktoken.get_encoding('gpt2')\""))
 
 
 @pytest.fixture(scope='session', autouse=True)

@@ -1,6 +1,8 @@
 """analyze.py: power-law fit, effective rank, spectra, saturation, and every command end to end on tiny checkpoints."""
+import importlib.util
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -96,6 +98,26 @@ def test_batched_eigenvalues_and_spectra_figures():
     assert sp["median_alpha"] == pytest.approx((alphas[1] + alphas[2]) / 2)
 
 
+def test_float64_work_goes_to_the_cpu_for_apple_gpus(monkeypatch):
+    # MPS has no float64: its tensors are moved to the CPU before .double(); CPU and CUDA keep theirs.
+    assert analyze.float64_device("mps") == analyze.float64_device("mps:0") == torch.device("cpu")
+    assert analyze.float64_device("cuda:1") == torch.device("cuda:1")
+    assert analyze.float64_device(torch.device("cpu")) == torch.device("cpu")
+    # No MPS here: check that both float64 paths (spectra, block-output Grams) ask where to work, with the
+    # model's device, and compute there.
+    asked = []
+
+    def spy(device):
+        asked.append(torch.device(device))
+        return torch.device("cpu")
+    monkeypatch.setattr(analyze, "float64_device", spy)
+    model = M.GPT(M.GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=8, vocab_size=64))
+    analyze.eigenvalues({"w": model.transformer.h[0].mlp.c_fc.weight.detach()})
+    assert asked == [torch.device("cpu")]
+    ranks = analyze.forward_stats(model, torch.randint(0, 64, (2, 8)), block_ranks=True)["block_ranks"]
+    assert len(asked) == 2 and 1 <= ranks[0] <= 32
+
+
 def test_weight_filters_follow_eigenvalue_count():
     model = M.GPT(M.GPTConfig(n_layer=1, n_head=2, n_embd=64, block_size=16, vocab_size=300))
     keep, skipped = analyze.weight_matrices(model, min_evals=50, max_evals=5000, max_n=256)
@@ -178,8 +200,11 @@ def test_block_output_effective_rank_matches_direct_svd():
 
 
 def test_alpha_against_inverse_std_pearson():
-    stats = {"layers": {"a": dict(kind="dyt", alpha=1.0, input_std=1.0), "b": dict(kind="dyt", alpha=2.0, input_std=0.25),
-                        "c": dict(kind="dyt", alpha=4.0, input_std=0.5), "n": dict(kind="layernorm", alpha=None, input_std=3.0)}}
+    # every layer with an alpha counts, whatever its kind (DyT, Derf); layers without one do not
+    stats = {"layers": {"a": dict(kind="dyt", alpha=1.0, input_std=1.0),
+                        "b": dict(kind="dyt", alpha=2.0, input_std=0.25),
+                        "c": dict(kind="derf", alpha=4.0, input_std=0.5),
+                        "n": dict(kind="layernorm", alpha=None, input_std=3.0)}}
     got = analyze.alpha_vs_std(stats)
     assert list(got["layers"]) == ["a", "b", "c"] and got["layers"]["b"]["inv_std"] == 4.0
     assert got["pearson"] == pytest.approx(pearson([1.0, 2.0, 4.0], [1.0, 4.0, 2.0]))
@@ -250,9 +275,10 @@ def test_every_command_runs_and_json_holds_documented_fields(tmp_path, dataset, 
             assert len(s["global"]) == 6 and s["global_at_2"] == s["global"][3]
             assert all(len(l["saturation"]) == 6 for l in s["layers"].values())
             assert {n: l["alpha"] for n, l in s["layers"].items()} == pytest.approx(alphas)
-        else:
+        else:   # the note first, then the input std table; no empty saturation table
             assert s["global"] is None and s["global_at_2"] is None
-            assert "saturation is defined for DyT layers only" in text
+            note = text.index(f"{norm}: no DyT/Derf layer: saturation is defined for point-wise norm layers only")
+            assert "fraction of |alpha*x|" not in text and note < text.index("input std per norm layer")
     if "spectra" in c:
         sp = c["spectra"]
         # 64 eigenvalues each: attention and MLP matrices (SwiGLU adds c_up) and wte (300 x 64); wpe is 16 x 64.
@@ -280,6 +306,8 @@ def test_every_command_runs_and_json_holds_documented_fields(tmp_path, dataset, 
             assert a["pearson"] == pytest.approx(want, rel=1e-9)
         else:
             assert a["pearson"] is None
+            assert f"{norm}: no DyT/Derf layer: alpha is defined for point-wise norm layers only" in text
+            assert "against 1 / input std" not in text
 
 
 def test_windows_are_the_first_of_train_pys(tmp_path, dataset):
@@ -310,33 +338,56 @@ def test_side_by_side_best_and_plots(tmp_path, dataset, capsys):
     ln, dyt = make_ckpt(tmp_path, "run-ln", dataset), make_ckpt(tmp_path, "run-dyt", dataset, norm="dyt", dyt_alpha=2.0)
     (dyt / "ckpt.pt").rename(dyt / "best.pt")
     (ln / "ckpt.pt").rename(ln / "best.pt")
-    res = analyze.main(["all", str(ln), str(dyt), "--which=best", "--windows=4", f"--plot={tmp_path / 'figs'}",
+    res = analyze.main(["all", str(ln), str(dyt), "--ckpt=best", "--windows=4", f"--plot={tmp_path / 'figs'}",
                         f"--json={tmp_path / 'b.json'}"])
     assert [r["label"] for r in res] == ["run-ln/best", "run-dyt/best"]
     text = capsys.readouterr().out
-    header = next(line for line in text.splitlines() if "run-ln/best" in line)
-    assert "run-dyt/best" in header   # one table, checkpoints as columns
-    try:
-        import matplotlib  # noqa: F401
+    assert ["run-ln/best", "run-dyt/best"] in [line.split() for line in text.splitlines()]   # side by side
+    # the LayerNorm run's note comes before the saturation table, where its column is '-'
+    assert text.index("run-ln/best: no DyT/Derf layer") < text.index("saturation: fraction of |alpha*x|")
+    row = next(line for line in text.splitlines() if line.startswith("global t=2 "))
+    assert row.split()[2:] == ["-", f"{res[1]['saturation']['global_at_2']:.3f}"]
+    if importlib.util.find_spec("matplotlib"):
         pngs = {p.name for p in (tmp_path / "figs").iterdir()}
         assert {"saturation_thresholds.png", "saturation_layers.png", "erank_blocks.png",
                 "alpha_vs_inv_std.png", "esd_transformer.h.0.mlp.c_fc.png"} <= pngs
-    except ImportError:
+    else:
         assert "plots skipped" in text
-    assert json.loads((tmp_path / "b.json").read_text())["settings"]["which"] == "best"
+    assert json.loads((tmp_path / "b.json").read_text())["settings"]["ckpt"] == "best"
+
+
+def test_spectra_table_has_one_aligned_column_per_figure(tmp_path, dataset, capsys):
+    runs = [make_ckpt(tmp_path, "run-a", dataset), make_ckpt(tmp_path, "run-b", dataset, norm="dyt", mlp="swiglu")]
+    res = analyze.main(["spectra", *map(str, runs)])
+    lines = capsys.readouterr().out.splitlines()
+    h = next(i for i, line in enumerate(lines) if line.split() == ["alpha", "alpha_w", "stable_rank"] * 2)
+    assert lines[h - 1].split() == ["run-a", "run-b"]
+    ends = [m.end() for m in re.finditer(r"\S+", lines[h])]   # every figure right-aligned under its field name
+    for name in ("transformer.h.0.mlp.c_fc", "transformer.h.0.mlp.c_up"):
+        line = next(line for line in lines[h:] if line.startswith(name + " "))
+        want = []
+        for r in res:   # run-a (GELU) has no c_up: three '-'
+            lay = r["spectra"]["layers"].get(name)
+            want += [f"{lay[k]:.2f}" for k in ("alpha", "alpha_weighted")] + [f"{lay['stable_rank']:.1f}"] if lay \
+                else ["-"] * 3
+        assert line.split()[1:] == want
+        assert [m.end() for m in re.finditer(r"\S+", line)][1:] == ends
 
 
 def test_bad_input_gives_clear_errors(tmp_path, dataset):
     run = make_ckpt(tmp_path, "run", dataset)
     cases = [
         (["spectra", str(tmp_path / "nowhere")], "no checkpoint"),
-        (["spectra", str(run), "--which=best"], "no checkpoint"),
+        (["spectra", str(run), "--ckpt=best"], "no checkpoint at " + str(run / "best.pt")),
+        (["spectra", str(run), "--ckpt=bset"], "--ckpt=bset is not a checkpoint choice; use latest (ckpt.pt) or best"),
         (["spectra", str(run), "--bogus=1"], "unknown config key 'bogus'"),
         (["spectra", str(run), "--window=6"], "did you mean windows"),
         (["spectra", str(run), "--windows=x"], "must be int"),
         (["spectra", str(run), "--windows", "6"], "expected --key=value"),
         (["spectra", str(run), "--device=gpu"], "not a device name"),
-        (["nonsense", str(run)], "usage"),
+        (["nonsense", str(run)], "unknown command 'nonsense'; choose one of saturation, spectra, rank, alpha, all"),
+        (["satuation", str(run)], "unknown command 'satuation' (did you mean saturation?)"),
+        (["spectra"], "usage: python analyze.py"),
         (["saturation", str(run), f"--data_dir={tmp_path}"], "not prepared"),
         (["saturation", str(run), "--dataset=nodata"], "python data/nodata/prepare.py"),
         (["rank", str(run), "--block_size=32"], "exceeds the model's 16"),

@@ -18,7 +18,8 @@ SHAPES = {'64m': (12, 8, 512), '124m': (12, 12, 768), '162m': (16, 14, 896), '35
           '1.3b': (24, 32, 2048), '3.78b': (32, 32, 3072)}  # the study's scales
 FLAGS = {'ln': dict(norm='layernorm', attn='standard'), 'rmsnorm': dict(norm='rmsnorm', attn='standard'),
          'dyt': dict(norm='dyt', attn='standard', dyt_alpha=2.0), 'hardtanh': dict(norm='hardtanh', attn='standard'),
-         'diff': dict(norm='layernorm', attn='diff'), 'dyt_gelu': dict(norm='dyt', dyt_alpha=2.0, mlp='gelu')}
+         'diff': dict(norm='layernorm', attn='diff'), 'dyt_gelu': dict(norm='dyt', dyt_alpha=2.0, mlp='gelu'),
+         'derf': dict(norm='derf', attn='standard', dyt_alpha=2.0)}
 
 
 def test_every_scale_and_variant_has_a_config():
@@ -26,7 +27,7 @@ def test_every_scale_and_variant_has_a_config():
     for scale in SHAPES:
         for variant in ('ln', 'rmsnorm', 'dyt', 'hardtanh', 'diff'):
             assert f'gpt2_{scale}_{variant}.py' in names
-    assert 'gpt2_64m_dyt.py' in names and 'llama_64m_dyt.py' in names
+    assert {'gpt2_64m_dyt.py', 'gpt2_64m_derf.py', 'llama_64m_dyt.py'} <= names
 
 
 @pytest.mark.parametrize('path', CONFIGS)
@@ -55,6 +56,6 @@ def test_config_gives_the_study_protocol_and_its_model(path, monkeypatch):
     L, _, d = SHAPES[scale]
     if family == 'gpt2' and variant != 'diff':
         # closed form: per block 4d^2 (attention) + 8d^2 (MLP) + two norms; a final norm; the tied embedding.
-        # A norm holds d gains, plus one alpha for DyT (no biases in the study).
-        norm = d + (cfg['norm'] == 'dyt')
+        # A norm holds d gains, plus one alpha for DyT, one alpha and one shift for Derf (no biases in the study).
+        norm = d + {'dyt': 1, 'derf': 2}.get(cfg['norm'], 0)
         assert n == L * (12 * d * d + 2 * norm) + norm + 50304 * d

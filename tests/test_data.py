@@ -16,12 +16,12 @@ import zipfile
 import numpy as np
 import pytest
 
+from conftest import GPT2_RANKS as RANKS  # a ranks file, or None for tiktoken's own cache
+from conftest import needs_gpt2 as needs_ranks
 from data.common import (DataError, download, get_tokenizer, line_chunks, load_meta, load_split,
                          write_tokens)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RANKS = os.environ.get("NANONORM_TIKTOKEN_FILE", "")  # a GPT-2 ranks file (README "Data"); tests skip without
-needs_ranks = pytest.mark.skipif(not os.path.isfile(RANKS), reason="set NANONORM_TIKTOKEN_FILE to a GPT-2 ranks file")
 # text where a naive cut at every line would change GPT-2's ids ("\n\n\n", indentation, " \n" lines)
 TRICKY = " = Title = \n \n Para one , it 's 12 .\n\n\nSecond\n        indented\n\n \nLast line\n"
 
@@ -194,8 +194,9 @@ def test_gpt2_tokenizer_from_ranks_file(monkeypatch):
     assert 50256 not in tok.encode("a <|endoftext|> b")  # encode_ordinary semantics
     text = "Tokenizers, round trips & ünïcode ✓\n\n  indented"
     assert tok.decode(tok.encode(text)) == text
-    monkeypatch.setenv("NANONORM_TIKTOKEN_FILE", RANKS)  # the air-gapped setting, set once
-    assert get_tokenizer("gpt2").encode("Hello world") == [15496, 995]
+    if RANKS:
+        monkeypatch.setenv("NANONORM_TIKTOKEN_FILE", RANKS)  # the air-gapped setting, set once
+        assert get_tokenizer("gpt2").encode("Hello world") == [15496, 995]
 
 
 def test_tokenizer_bad_input(tmp_path):

@@ -11,9 +11,8 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from model import GPT, GPTConfig, apply_rope, load_checkpoint, rope_angles
+from model import GPT, NORMS, GPTConfig, apply_rope, load_checkpoint, rope_angles
 
-NORMS = ('layernorm', 'rmsnorm', 'dyt', 'hardtanh')
 VARIANTS = [(n, a, m, p) for n in NORMS for a in ('standard', 'diff') for m in ('gelu', 'swiglu')
             for p in ('learned', 'rope')]
 THRESHOLDS = [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
@@ -26,16 +25,16 @@ def tiny(**kw):
 
 
 def variant(norm, attn, mlp, pos, **kw):
-    """One of the 32 variants. RoPE variants also use GQA, learned ones biases, DyT ones embed_scale, so the
-    32 combinations cover those options too."""
+    """One of the 40 variants. RoPE variants also use GQA, learned ones biases, DyT ones embed_scale, so the
+    40 combinations cover those options too."""
     return tiny(norm=norm, attn=attn, mlp=mlp, pos=pos, bias=pos == 'learned',
                 n_kv_head=2 if pos == 'rope' else None, embed_scale=norm == 'dyt', **kw)
 
 
 @torch.no_grad()
 def randomize(model, seed=0):
-    """Give every parameter that starts at 1, 0 or a constant (norm weights and biases, DyT alpha, lambdas, the
-    sub-norm weight, embed_scale) a random value so a wrong use of it changes the output, and make token
+    """Give every parameter that starts at 1, 0 or a constant (norm weights and biases, DyT/Derf alpha, Derf shift,
+    lambdas, the sub-norm weight, embed_scale) a random value so a wrong use of it changes the output, and make token
     embeddings O(1) so norms, tanh and the clip operate in their non-linear range."""
     g = torch.Generator().manual_seed(seed)
     for name, p in model.named_parameters():
@@ -46,7 +45,7 @@ def randomize(model, seed=0):
             continue
         elif name.endswith('alpha') or name == 'embed_scale':
             p.copy_(0.5 + r.abs())
-        elif 'lambda_' in name:
+        elif 'lambda_' in name or name.endswith('shift'):
             p.copy_(0.3 * r)
         elif name.endswith('bias'):
             p.copy_(0.1 * r)
@@ -146,9 +145,16 @@ def ref_norm(cfg, sd, prefix, x):
         y = rms(x, cfg.norm_eps) * w
     elif cfg.norm == 'dyt':
         y = torch.tanh(sd[prefix + '.alpha'] * x) * w
+    elif cfg.norm == 'derf':
+        y = erf(sd[prefix + '.alpha'] * x + sd[prefix + '.shift']) * w
     else:
         y = torch.clamp(x, -1.0, 1.0) * w
     return y + sd[prefix + '.bias'] if prefix + '.bias' in sd else y
+
+
+def erf(z):
+    """The error function value by value from Python's math module: not torch's kernel."""
+    return torch.tensor([math.erf(v) for v in z.flatten().tolist()], dtype=z.dtype).view(z.shape)
 
 
 def ref_mlp(cfg, sd, prefix, x):
@@ -161,15 +167,15 @@ def ref_mlp(cfg, sd, prefix, x):
 
 
 def ref_logits(model, idx):
-    """Pre-norm GPT: embeddings (* embed_scale) (+ positions), blocks, final norm, head tied to wte."""
+    """Pre-norm GPT: (token (+ position) embeddings) (* embed_scale), blocks, final norm, head tied to wte."""
     cfg = model.config
     sd = {k: v.double() for k, v in model.state_dict().items()}
     T = idx.shape[1]
     x = sd['transformer.wte.weight'][idx]
-    if cfg.embed_scale:
-        x = x * sd['embed_scale']
     if cfg.pos == 'learned':
         x = x + sd['transformer.wpe.weight'][:T]
+    if cfg.embed_scale:  # Derf's nanoGPT patch: the sum of both embeddings is scaled
+        x = x * sd['embed_scale']
     for layer in range(cfg.n_layer):
         p = f'transformer.h.{layer}'
         x = x + ref_attention(cfg, sd, p + '.attn', ref_norm(cfg, sd, p + '.ln_1', x), layer)
@@ -216,7 +222,8 @@ def test_every_variant_is_causal(norm, attn, mlp, pos):
 # ----------------------------------------------------------------------------------------------------------
 # 3. Norm layers equal their formulas
 
-NORM_PARAMS = {'layernorm': {'weight'}, 'rmsnorm': {'weight'}, 'dyt': {'alpha', 'weight'}, 'hardtanh': {'weight'}}
+NORM_PARAMS = {'layernorm': {'weight'}, 'rmsnorm': {'weight'}, 'dyt': {'alpha', 'weight'},
+               'derf': {'alpha', 'shift', 'weight'}, 'hardtanh': {'weight'}}
 
 
 @pytest.mark.parametrize('bias', [False, True])
@@ -238,6 +245,11 @@ def test_norm_layer_formula(norm, bias):
     elif norm == 'dyt':
         assert ln.alpha.numel() == 1  # ONE scalar per layer
         want = w * torch.tanh(ln.alpha.item() * x) + b
+    elif norm == 'derf':
+        assert ln.alpha.numel() == ln.shift.numel() == 1  # ONE alpha and ONE shift per layer
+        z = ln.alpha.item() * x + ln.shift.item()
+        assert (z.abs() > 2).any() and (z.abs() < 0.5).any()  # the flat and the linear part of erf
+        want = w * erf(z) + b
     else:
         want = torch.where(x > 1, 1.0, torch.where(x < -1, -1.0, x)) * w + b
         assert (x.abs() > 1).any() and (x.abs() < 1).any()  # both sides of the clip are exercised
@@ -252,6 +264,9 @@ def test_dyt_alpha_per_place():
     model = GPT(tiny(norm='dyt', dyt_alpha=2.0))  # unset places fall back to dyt_alpha
     alphas = [p.tolist() for n, p in model.named_parameters() if n.endswith('alpha')]
     assert alphas == [[2.0]] * (2 * 2 + 1)
+    model = GPT(tiny(norm='derf', dyt_alpha=0.5, dyt_alpha_final=1.0))  # Derf takes the same alpha0 keys, shift0 = 0
+    assert [p.tolist() for n, p in model.named_parameters() if n.endswith('alpha')] == [[0.5]] * 4 + [[1.0]]
+    assert [p.tolist() for n, p in model.named_parameters() if n.endswith('shift')] == [[0.0]] * 5
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -290,6 +305,7 @@ FULL_CASES = {
     'dyt_diff_llama': dict(norm='dyt', attn='diff', mlp='swiglu', pos='rope', n_head=8, n_kv_head=4, n_embd=64,
                            n_layer=3, embed_scale=True, bias=True),
     'hardtanh_diff': dict(norm='hardtanh', attn='diff'),
+    'derf_gpt2': dict(norm='derf', bias=True, embed_scale=True),  # the scale after the position embeddings
 }
 
 
@@ -325,6 +341,25 @@ def test_rope_matches_formula_and_is_relative():
     offsets = [(at(q, 10) @ at(k, 10 - d)).item() for d in range(5)]
     assert max(offsets) - min(offsets) > 1e-2  # ... and it does depend on the offset
     assert abs(at(q, 13).norm() - q.norm()) < 1e-5  # a rotation
+
+
+def test_float64_work_stays_on_the_cpu():
+    """Apple GPUs have no float64: a RoPE model built on another device ('meta' stands in for 'mps') makes its
+    float64 angle tables on the CPU, and holds float32 tables on its own device."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+    made = set()
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            made.update((t.device.type, t.dtype) for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+            return out
+
+    with Record(), torch.device('meta'):
+        model = GPT(tiny(pos='rope'))
+    assert (model.rope_cos.device.type, model.rope_cos.dtype) == ('meta', torch.float32)
+    assert ('cpu', torch.float64) in made and ('meta', torch.float64) not in made
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -543,7 +578,7 @@ def capture_norm_inputs(model):
     return captured, handles
 
 
-@pytest.mark.parametrize('norm', ['dyt', 'layernorm', 'hardtanh'])
+@pytest.mark.parametrize('norm', ['dyt', 'derf', 'layernorm', 'hardtanh'])
 def test_norm_stats_equal_hook_computation(norm):
     torch.manual_seed(9)
     model = randomize(GPT(tiny(norm=norm, dyt_alpha_attn=0.6, dyt_alpha_ffn=1.3, dyt_alpha_final=2.0)))
@@ -564,16 +599,17 @@ def test_norm_stats_equal_hook_computation(norm):
         assert got['count'] == sum(x.numel() for x in xs)
         allx = torch.cat([x.flatten() for x in xs]).double()
         assert got['input_std'] == pytest.approx(allx.std(correction=0).item(), rel=1e-4)
-        if norm != 'dyt':
+        if norm not in ('dyt', 'derf'):
             assert got['saturation'] is None
             continue
         alpha = model.get_submodule(name).alpha.item()
+        shift = model.get_submodule(name).shift.item() if norm == 'derf' else 0.0
         assert got['alpha'] == pytest.approx(alpha)
-        # mean over forward calls of the fraction of elements with |alpha x| > t
-        want = [sum((alpha * x).abs().gt(t).double().mean().item() for x in xs) / len(xs) for t in THRESHOLDS]
+        # mean over forward calls of the fraction of elements with |alpha x (+ s)| > t: erf's or tanh's argument
+        want = [sum((alpha * x + shift).abs().gt(t).double().mean().item() for x in xs) / len(xs) for t in THRESHOLDS]
         assert got['saturation'] == pytest.approx(want, abs=1e-6)
         layer_sats.append(want)
-    if norm == 'dyt':
+    if norm in ('dyt', 'derf'):
         fractions = [f for s in layer_sats for f in s]
         assert min(fractions) < 0.99 and max(fractions) > 0.01 and len(set(fractions)) > 10  # not degenerate
         pooled = [sum(col) / len(col) for col in zip(*layer_sats)]
@@ -625,6 +661,7 @@ def test_embed_scale(pos):
     torch.manual_seed(11)
     assert 'embed_scale' not in dict(GPT(tiny(pos=pos)).named_parameters())
     model = GPT(tiny(pos=pos, embed_scale=True))
+    assert model.embed_scale.shape == (1,)  # not 0-dim: FSDP2 shards 1-element parameters, not scalars
     assert model.embed_scale.item() == pytest.approx(math.sqrt(32))
     with torch.no_grad():
         model.embed_scale.fill_(3.0)
@@ -632,10 +669,10 @@ def test_embed_scale(pos):
     model.transformer.h[0].register_forward_pre_hook(lambda mod, args: seen.append(args[0].detach()))
     idx = torch.randint(0, 64, (2, 16))
     model(idx)
-    want = 3.0 * model.transformer.wte.weight.detach()[idx]
+    want = model.transformer.wte.weight.detach()[idx]
     if pos == 'learned':
         want = want + model.transformer.wpe.weight.detach()[:16]
-    torch.testing.assert_close(seen[0], want)
+    torch.testing.assert_close(seen[0], 3.0 * want)  # (token + position) * scale, as Derf's nanoGPT patch
 
 
 def test_estimate_mfu():
@@ -680,22 +717,39 @@ def test_load_checkpoint(tmp_path):
     loaded, _ = load_checkpoint(tmp_path)  # a run directory means its ckpt.pt
     torch.testing.assert_close(loaded(idx, all_logits=True)[0], want, rtol=0, atol=0)
 
-    compiled = tmp_path / 'compiled.pt'  # saved from a torch.compile'd model
-    torch.save({'model': {'_orig_mod.' + k: v for k, v in model.state_dict().items()}, 'model_args': asdict(cfg)},
-               compiled)
-    torch.testing.assert_close(load_checkpoint(compiled)[0](idx, all_logits=True)[0], want, rtol=0, atol=0)
+    # saved from a compiled model, from DDP around it, from a compiled DDP model
+    for prefix in ('_orig_mod.', 'module._orig_mod.', '_orig_mod.module.'):
+        wrapped = tmp_path / 'wrapped.pt'
+        torch.save({'model': {prefix + k: v for k, v in model.state_dict().items()}, 'model_args': asdict(cfg)},
+                   wrapped)
+        torch.testing.assert_close(load_checkpoint(wrapped)[0](idx, all_logits=True)[0], want, rtol=0, atol=0)
+    old = tmp_path / 'old.pt'  # written when embed_scale was a 0-dim parameter
+    state = dict(model.state_dict(), embed_scale=model.embed_scale.detach().reshape(()))
+    torch.save({'model': state, 'model_args': asdict(cfg)}, old)
+    torch.testing.assert_close(load_checkpoint(old)[0](idx, all_logits=True)[0], want, rtol=0, atol=0)
+    best = tmp_path / 'best.pt'
+    torch.save({'model': model.state_dict(), 'model_args': asdict(cfg), 'iter_num': 3}, best)
+    assert load_checkpoint(tmp_path, which='best')[1]['iter_num'] == 3
+    with pytest.raises(ValueError, match="'latest' .* or 'best'"):
+        load_checkpoint(tmp_path, which='ckpt')
 
     with pytest.raises(FileNotFoundError):
         load_checkpoint(tmp_path / 'missing.pt')
     corrupt = tmp_path / 'corrupt.pt'
     corrupt.write_bytes(torch.randint(0, 256, (4096,), dtype=torch.uint8).numpy().tobytes())
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match='not a complete checkpoint archive') as e:
         load_checkpoint(corrupt)
+    assert '_use_new_zipfile_serialization' not in str(e.value)  # PyTorch's advice does not apply
+    truncated = tmp_path / 'truncated.pt'
+    truncated.write_bytes(plain.read_bytes()[:-100])
+    with pytest.raises(ValueError, match='not a complete checkpoint archive'):
+        load_checkpoint(truncated)
     other = tmp_path / 'other.pt'
     torch.save({'model': model.state_dict(), 'model_args': asdict(tiny(norm='dyt', attn='diff', pos='rope',
                                                                          embed_scale=True, n_embd=64))}, other)
-    with pytest.raises(ValueError, match='match'):
+    with pytest.raises(ValueError, match='do not match its model_args .*size mismatch for transformer.wte.weight') as e:
         load_checkpoint(other)
+    assert len(str(e.value)) < 1000  # a few tensors named, not every one
     not_ckpt = tmp_path / 'weights.pt'
     torch.save(model.state_dict(), not_ckpt)
     with pytest.raises(ValueError):
@@ -703,23 +757,66 @@ def test_load_checkpoint(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# 16. torch.compile (the only compile test: inductor on CPU takes tens of seconds even for a tiny model)
+# 16. bfloat16 autocast on the CPU: train.py's default on CUDA runs the same code paths
+
+@pytest.mark.parametrize('kw', [dict(), dict(norm='dyt', attn='diff', pos='rope', n_kv_head=2),
+                                dict(norm='derf', mlp='swiglu', embed_scale=True, bias=True),
+                                dict(norm='rmsnorm', mlp='swiglu', pos='rope')])
+def test_bf16_autocast_forward_backward_close_to_fp32(kw):
+    torch.manual_seed(14)
+    model = GPT(tiny(**kw))
+    idx, targets = torch.randint(0, 64, (4, 16)), torch.randint(0, 64, (4, 16))
+
+    def loss_and_grads(autocast):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
+            _, loss = model(idx, targets)
+        loss.backward()
+        return loss.float(), torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    loss32, grad32 = loss_and_grads(False)
+    loss16, grad16 = loss_and_grads(True)
+    assert torch.isfinite(loss16) and torch.isfinite(grad16).all()
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # autocast casts copies, never the weights
+    assert abs(loss16 - loss32) < 0.02 * loss32  # bf16 keeps 8 bits of mantissa: about 3 significant digits
+    cosine = (grad16 @ grad32) / (grad16.norm() * grad32.norm())
+    assert cosine > 0.99 and abs(grad16.norm() / grad32.norm() - 1) < 0.05
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 17. torch.compile (the only compile test: inductor on CPU takes tens of seconds even for a tiny model)
 
 def test_compiled_model_matches_eager():
+    """fullgraph=True: one graph, no silent fall-back to eager; the norm statistics and a training step
+    (forward + backward) compile too and agree with eager."""
     torch.manual_seed(13)
-    model = randomize(GPT(tiny(norm='dyt', attn='diff', pos='rope', n_layer=1, n_head=2, n_embd=16,
-                                block_size=8, vocab_size=32))).eval()
-    idx = torch.randint(0, 32, (2, 8))
+    model = randomize(GPT(tiny(norm='derf', attn='diff', pos='rope', n_layer=1, n_head=2, n_embd=16,
+                                block_size=8, vocab_size=32, embed_scale=True)))
+    compiled = torch.compile(model, fullgraph=True)
+    idx, targets = torch.randint(0, 32, (2, 8)), torch.randint(0, 32, (2, 8))
+    model.eval()
     with torch.no_grad():
         model.track_norm_stats(True)  # the instrumentation must compile too, and count the same
         want = model(idx, all_logits=True)[0]
         want_stats = model.norm_stats()
         model.track_norm_stats(True)
-        got = torch.compile(model)(idx, all_logits=True)[0]
+        got = compiled(idx, all_logits=True)[0]
         got_stats = model.norm_stats()
+        model.track_norm_stats(False)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert got_stats['saturation'] is not None and got_stats['layers'].keys() == want_stats['layers'].keys()
     for name, layer in want_stats['layers'].items():
         assert got_stats['layers'][name]['count'] == layer['count'] == 2 * 8 * 16
         assert got_stats['layers'][name]['saturation'] == pytest.approx(layer['saturation'], abs=1e-6)
         assert got_stats['layers'][name]['input_std'] == pytest.approx(layer['input_std'], rel=1e-4)
+
+    model.train()
+    grads = []
+    for forward in (model, compiled):
+        model.zero_grad(set_to_none=True)
+        _, loss = forward(idx, targets)
+        loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-4, atol=1e-5, msg=name)

@@ -254,6 +254,12 @@ def test_the_repositorys_grids(monkeypatch):
     _, cells = study.load_grid('config/grid_scales.py')
     lrs = {c['scale']: configure(train.DEFAULTS, c['args'], train.OPTIONAL_TYPES)['learning_rate'] for c in cells}
     assert lrs == {'124m': 3e-4, '354m': 3e-4, '1.3b': 1e-4, '3.78b': 1e-4}
+    grid, cells = study.load_grid('config/grid_64m_derf.py')  # Derf beside the 64m row, in its folder
+    assert len(cells) == 4 * 3 and grid['out_dir'] == 'out/grid_64m'
+    for cell in cells:
+        cfg = configure(train.DEFAULTS, cell['args'], train.OPTIONAL_TYPES)
+        assert (cfg['n_embd'], cfg['max_iters'], cfg['norm'], cfg['dyt_alpha'], cfg['attn']) == (512, 5000, 'derf', 2.0, 'standard')
+    assert study.baseline('derf') == 'ln'
     grid, cells = study.load_grid('config/grid_mini.py')
     assert len(grid['budgets']) >= 3 and {'ln', 'dyt'} <= set(grid['variants']) and len(grid['seeds']) >= 2
 

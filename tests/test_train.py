@@ -68,8 +68,12 @@ def test_configure_order_and_errors(tmp_path):
     with pytest.raises(SystemExit, match="'opt' .* must be int or None"):
         configure(defaults, ['--opt=abc'], {'opt': int})
     conf.write_text("lrr = 0.1\n")
-    with pytest.raises(SystemExit, match="unknown config key 'lrr' \\(from .*c.py\\).*lr"):
+    with pytest.raises(SystemExit, match="unknown config key 'lrr' \\(from .*c.py\\).*lr.*must start with '_', e.g. _lrr"):
         configure(defaults, [str(conf)])
+    with pytest.raises(SystemExit, match="expected --key=value, got '--flag'; for a flag write --flag=True"):
+        configure(defaults, ['--flag'])
+    with pytest.raises(SystemExit, match="expected --key=value, got '--n'$"):
+        configure(defaults, ['--n'])
     # a string key keeps the text of a number-like value: a run name 2024, an out_dir 1e3
     assert configure(defaults, ['--name=2024'])['name'] == '2024'
     assert configure(defaults, ['--name=1e3', '--opt=None'])['name'] == '1e3'
@@ -212,10 +216,15 @@ def test_tiny_run_learns_and_records_everything(data_dir, tmp_path):
 
 
 def test_resume_is_exact(data_dir, tmp_path):
-    common = ['--dropout=0.1', '--eval_interval=4', '--norm=rmsnorm']  # dropout: its RNG must resume too
+    common = ['--dropout=0.1', '--eval_interval=4', '--norm=rmsnorm', '--embed_scale=True']  # dropout: its RNG too
     full, part = str(tmp_path / 'full'), str(tmp_path / 'part')
     run(data_dir, full, '--max_iters=16', *common)
     run(data_dir, part, '--max_iters=8', *common)
+    ckpt = torch.load(os.path.join(part, 'ckpt.pt'), weights_only=True)  # as saved when embed_scale was 0-dim
+    ckpt['model']['embed_scale'] = ckpt['model']['embed_scale'].reshape(())
+    moments = ckpt['optimizer']['state']['embed_scale']
+    moments.update(exp_avg=moments['exp_avg'].reshape(()), exp_avg_sq=moments['exp_avg_sq'].reshape(()))
+    torch.save(ckpt, os.path.join(part, 'ckpt.pt'))
     with open(os.path.join(part, 'log.jsonl'), 'a') as f:  # lines of a crashed run after its last checkpoint
         f.write(json.dumps({'event': 'step', 'iter': 9, 'loss': 1.0}) + '\n{"event": "st')
     with pytest.raises(SystemExit, match=r'architecture.*n_layer \(checkpoint 2, config 3\)'):
@@ -236,7 +245,8 @@ def test_resume_is_exact(data_dir, tmp_path):
 @pytest.mark.parametrize('fsdp', [False, True])
 def test_torchrun_two_processes_match_one(data_dir, tmp_path, fsdp):
     args = ['--dataset=tiny', f'--data_dir={data_dir}', *TINY, '--gradient_accumulation_steps=2',
-            '--max_iters=6', '--eval_interval=3', '--norm=dyt', '--dyt_alpha=2.0', f'--fsdp={fsdp}']
+            '--max_iters=6', '--eval_interval=3', '--norm=dyt', '--dyt_alpha=2.0', f'--fsdp={fsdp}',
+            '--embed_scale=True']  # a 1-element parameter: FSDP2 refuses to shard a 0-dim one
     one, two = str(tmp_path / 'one'), str(tmp_path / 'two')
     train.main(args + [f'--out_dir={one}'])
     env = dict(os.environ, OMP_NUM_THREADS='1')
