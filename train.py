@@ -1,7 +1,7 @@
 """
 Train a GPT variant (model.py) on a tokenized dataset (data/<name>/{train,val}.bin), on a CPU or with torchrun.
 
-  python train.py                                   # tiny model on the offline pydocs corpus: about a minute on 2 cores
+  python train.py                                   # tiny model on the offline pydocs corpus: about a minute on 2 CPU cores
   python train.py config/gpt2_64m_dyt.py --train_tokens=1_000_000 --seed=42 --out_dir=out/dyt_1M_s42
   torchrun --standalone --nproc_per_node=8 train.py config/gpt2_64m_dyt.py
   python train.py config/gpt2_64m_dyt.py --init_from=resume     # continue out_dir/ckpt.pt exactly
@@ -39,7 +39,7 @@ from data.common import (DATA_DIR, DataError, atomic_write, load_meta, load_spli
 from model import GPT, GPTConfig, load_checkpoint, pick_device
 
 # -----------------------------------------------------------------------------------------------------------
-# default config: a tiny model on the offline pydocs corpus (byte-level) that learns visibly in about a minute on 2 cores
+# default config: a tiny model on the offline pydocs corpus (byte-level) that learns visibly in about a minute on 2 CPU cores
 # I/O
 out_dir = 'out'
 eval_interval = 100
