@@ -336,8 +336,8 @@ def report(results, labels):
             at_t = th.index(HEADLINE_T)
             rows += rows_by_name(results, "saturation", "layers",
                                  lambda l: fmt(l["saturation"][at_t], ".3f") if l["saturation"] else "-")
-            print_table(f"saturation: fraction of |alpha*x| > t (layers at t={HEADLINE_T:g}); {first['count']} train "
-                        f"windows of {first['block_size']} tokens, seed {first['seed']}", labels, rows)
+            print_table(f"saturation: fraction of |alpha*x (+ s for Derf)| > t (layers at t={HEADLINE_T:g}); "
+                        f"{first['count']} train windows of {first['block_size']} tokens, seed {first['seed']}", labels, rows)
         print_table("input std per norm layer", labels,
                     rows_by_name(results, "saturation", "layers", lambda l: fmt(l["input_std"])))
     if "spectra" in results[0]:

@@ -344,7 +344,7 @@ def test_side_by_side_best_and_plots(tmp_path, dataset, capsys):
     text = capsys.readouterr().out
     assert ["run-ln/best", "run-dyt/best"] in [line.split() for line in text.splitlines()]   # side by side
     # the LayerNorm run's note comes before the saturation table, where its column is '-'
-    assert text.index("run-ln/best: no DyT/Derf layer") < text.index("saturation: fraction of |alpha*x|")
+    assert text.index("run-ln/best: no DyT/Derf layer") < text.index("saturation: fraction of |alpha*x")
     row = next(line for line in text.splitlines() if line.startswith("global t=2 "))
     assert row.split()[2:] == ["-", f"{res[1]['saturation']['global_at_2']:.3f}"]
     if importlib.util.find_spec("matplotlib"):
