@@ -10,6 +10,7 @@ The defaults are nanoGPT's GPT-2, and parameter names are nanoGPT's, so its chec
 Formulas follow the DyT paper (Zhu et al. 2025), the Derf paper (Chen et al. 2025), microsoft/unilm's
 Diff-Transformer (Ye et al. 2025) and Llama.
 """
+import hashlib
 import math
 import os
 import pickle
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn import functional as F
 
 SAT_THRESHOLDS = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0)  # |alpha*x| cut-offs of the saturation measure (Verma 2026)
@@ -150,6 +152,7 @@ class DyT(Norm):
 
     def __init__(self, ndim, bias, alpha0):
         super().__init__()
+        self.alpha0 = alpha0
         self.alpha = nn.Parameter(torch.full((1,), float(alpha0)))
         self.weight = nn.Parameter(torch.ones(ndim))
         self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
@@ -169,6 +172,7 @@ class Derf(Norm):
 
     def __init__(self, ndim, bias, alpha0):
         super().__init__()
+        self.alpha0 = alpha0
         self.alpha = nn.Parameter(torch.full((1,), float(alpha0)))
         self.shift = nn.Parameter(torch.zeros(1))
         self.weight = nn.Parameter(torch.ones(ndim))
@@ -322,6 +326,8 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
+        # drawn first, from the CPU generator: the same draw whether the model is built here or on 'meta'
+        self.init_seed = int(torch.randint(2 ** 62, (), device='cpu'))
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             drop=nn.Dropout(config.dropout),
@@ -338,20 +344,50 @@ class GPT(nn.Module):
         self.embed_scale = nn.Parameter(torch.full((1,), math.sqrt(config.n_embd))) if config.embed_scale else None
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        if self.lm_head.weight.device.type != 'meta':  # on 'meta', whoever materialises the model initialises it
+            self.init_weights()
 
-        self.apply(self._init_weights)
+    def materialize(self, device):
+        """Allocate a model built on 'meta' (sharded or not) on `device` and initialise it as if built there."""
+        self.to_empty(device=device)
+        if self.lm_head.weight is not self.transformer.wte.weight:  # to_empty gave each reference its own tensor
+            self.transformer.wte.weight = self.lm_head.weight
+        self.init_weights()
+        return self
+
+    @torch.no_grad()
+    def init_weights(self):
+        """GPT-2's init: weights N(0, 0.02), residual projections (attention and MLP c_proj) N(0, 0.02/sqrt(2
+        n_layer)), embeddings N(0, emb_init_std) (the tied output layer's too), biases 0, norm gains 1, DyT/Derf
+        alpha = alpha0 and shift 0, Diff lambdas N(0, 0.1), embed_scale sqrt(n_embd); then the buffers.
+        A parameter's values come from a generator seeded by (init_seed, its name), so they do not depend on how
+        it is stored: built on the meta device, sharded by FSDP2 and materialised (train.py), the model gets the
+        weights it gets when built whole."""
         for name, p in self.named_parameters():
-            if name.endswith('c_proj.weight'):  # residual projections: attention output and MLP down projection
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+            value = self.initial_value(name, p.shape)
+            if isinstance(p, DTensor):  # this process's shard of it
+                value = distribute_tensor(value.to(p.device), p.device_mesh, p.placements)
+            p.copy_(value)
+        if self.config.pos == 'rope':
+            for buf, table in zip((self.rope_cos, self.rope_sin), rope_angles(
+                    self.config.block_size, self.config.n_embd // self.config.n_head, self.config.rope_theta)):
+                buf.copy_(table)
+        for module in self.modules():
+            if isinstance(module, Norm):
+                module.reset_stats()
 
-    def _init_weights(self, module):
-        if module is self.lm_head:  # tied: it is the token embedding, initialised as one
-            return
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            std = self.config.emb_init_std if isinstance(module, nn.Embedding) else 0.02
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
+    def initial_value(self, name, shape):
+        owner, _, leaf = name.rpartition('.')
+        module = self.get_submodule(owner)
+        if leaf in ('bias', 'shift'):
+            return torch.zeros(shape)
+        if isinstance(module, Norm) or name == 'embed_scale':
+            fill = math.sqrt(self.config.n_embd) if name == 'embed_scale' else module.alpha0 if leaf == 'alpha' else 1.0
+            return torch.full(shape, float(fill))
+        std = (self.config.emb_init_std if isinstance(module, nn.Embedding) else 0.1 if leaf.startswith('lambda_')
+               else 0.02 / math.sqrt(2 * self.config.n_layer) if owner.endswith('c_proj') else 0.02)
+        seed = int.from_bytes(hashlib.blake2b(f'{self.init_seed}/{name}'.encode(), digest_size=8).digest(), 'little')
+        return torch.randn(shape, generator=torch.Generator().manual_seed(seed >> 1)) * std
 
     def get_num_params(self, non_embedding=True):
         """Parameter count; by default without position embeddings (token embeddings count: tied to lm_head)."""
@@ -359,12 +395,6 @@ class GPT(nn.Module):
         if non_embedding and self.config.pos == 'learned':
             n -= self.transformer.wpe.weight.numel()
         return n
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        key = prefix + 'embed_scale'
-        if key in state_dict and state_dict[key].dim() == 0:  # saved before embed_scale became 1-element
-            state_dict[key] = state_dict[key].reshape(1)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def hidden(self, idx):
         """The final norm's output (B, T, n_embd): what lm_head reads. eval.py applies lm_head where it scores."""
@@ -387,10 +417,14 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, all_logits=False):
         x = self.hidden(idx)
         if targets is not None:
-            logits = self.lm_head(x)
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
-            return logits, loss
+            return self.head_loss(x, targets)
         return self.lm_head(x if all_logits else x[:, [-1], :]), None  # generation needs only the last position
+
+    def head_loss(self, x, targets):
+        """Logits and mean cross-entropy from the final norm's output (train.py compiles this on its own under
+        FSDP, where the blocks are compiled one by one)."""
+        logits = self.lm_head(x)
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
 
     # ---- saturation and input statistics of the norm layers (analyze.py and train.py read these) ----
     def norm_layers(self):
@@ -475,6 +509,16 @@ def checkpoint_file(path, which='latest'):
     return os.path.join(path, CHECKPOINTS[which]) if os.path.isdir(path) else str(path)
 
 
+def upgrade_checkpoint(ckpt):
+    """A checkpoint of an older version in this version's shapes, in place: embed_scale and its AdamW moments were
+    0-dim before the parameter became 1-element (FSDP2 cannot shard a 0-dim parameter)."""
+    moments = ckpt.get('optimizer', {}).get('state', {}).get('embed_scale', {})
+    for state in (ckpt['model'], moments):
+        state.update({k: v.reshape(1) for k, v in state.items() if k in ('embed_scale', 'exp_avg', 'exp_avg_sq')
+                      and v.dim() == 0})
+    return ckpt
+
+
 def strip_wrappers(key):
     """A parameter name without the prefixes torch.compile ('_orig_mod.') and DDP ('module.') add, in any order."""
     while key.startswith(('_orig_mod.', 'module.')):
@@ -506,12 +550,14 @@ def load_checkpoint(path, device='cpu', which='latest'):
                          "(ckpt.pt / best.pt)") from None
     if not isinstance(ckpt, dict) or 'model' not in ckpt or 'model_args' not in ckpt:
         raise ValueError(f"{path} is not a training checkpoint: it needs 'model' and 'model_args' entries")
+    ckpt['model'] = {strip_wrappers(k): v for k, v in ckpt['model'].items()}
+    upgrade_checkpoint(ckpt)
     try:
         with torch.device(device):  # built where it runs: no full-size copy on the CPU first
             model = GPT(GPTConfig(**ckpt['model_args']))
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: its model_args do not describe a model this version builds: {e}") from None
-    state = {strip_wrappers(k): v.to('meta') if device == 'meta' else v for k, v in ckpt['model'].items()
+    state = {k: v.to('meta') if device == 'meta' else v for k, v in ckpt['model'].items()
              if not k.endswith('.attn.bias')}  # old nanoGPT checkpoints also saved the causal mask
     mismatch = f"{path}: the weights do not match its model_args (another architecture?):"
     try:

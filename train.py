@@ -5,32 +5,42 @@ Train a GPT variant (model.py) on a tokenized dataset (data/<name>/{train,val}.b
   python train.py config/gpt2_64m_dyt.py --train_tokens=1_000_000 --seed=42 --out_dir=out/dyt_1M_s42
   torchrun --standalone --nproc_per_node=8 train.py config/gpt2_64m_dyt.py
   python train.py config/gpt2_64m_dyt.py --init_from=resume     # continue out_dir/ckpt.pt exactly
+  python train.py config/gpt2_64m_dyt.py --init_from=auto       # resume if out_dir holds a run, else start one
 
 Configuration (nanoGPT's convention, see configurator.py): the globals below are the defaults, then config
 files, then --key=value (`python train.py --help` lists them). Every GPTConfig field is a key too.
-gradient_accumulation_steps is the GLOBAL number of micro-batches per step (as in nanoGPT, the ranks share
-them), so a config means the same batch on any number of GPUs: batch_size x gradient_accumulation_steps
-sequences per step. A new run refuses an out_dir that already holds one (--overwrite=True replaces it).
+A step trains on batch_size x gradient_accumulation_steps sequences on any number of processes: they are split
+as evenly as possible (shares differ by one sequence at most), every process runs the same number of
+micro-batches of at most batch_size sequences, and each micro-batch's loss counts by its share of the step, so
+1, 2, 3, 8 or 16 processes take the same step. The evaluation windows are split alike.
+A new run refuses an out_dir that already holds one (--overwrite=True replaces it).
 Writes to out_dir: config.json, log.jsonl (one JSON object per event), ckpt.pt (latest, every eval),
-best.pt (best val loss), summary.json (at the end).
-Exit status: 0 finished; 3 stopped by the divergence guard (summary.json has diverged=true and the reason;
-the checkpoints are the last good ones); 1 error.
+best.pt (best val loss), summary.json (when the run ends).
+SIGTERM, SIGUSR1 (Slurm's --signal) and Ctrl-C stop the run at the next step with ckpt.pt written; rerun with
+--init_from=auto (or resume) to continue. A second Ctrl-C aborts at once.
+Exit status of one process: 0 finished (or already finished); 3 stopped by the divergence guard (the checkpoints
+are the last good ones); 4 stopped by a signal; 1 error. torchrun reports every non-zero status as 1: scripts read
+out_dir instead. summary.json exists once the run has ended, with "status": "finished" or "diverged"; a run
+stopped by a signal has ckpt.pt, no summary.json, and a last log.jsonl event "stopped".
 """
 import hashlib
+import importlib.util
 import json
 import math
 import os
+import signal
 import sys
 import time
 from contextlib import nullcontext
 from dataclasses import fields
+from datetime import timedelta
 from types import SimpleNamespace
 from typing import get_args, get_type_hints
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict, set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import configure, plain_globals
@@ -47,7 +57,7 @@ log_interval = 10
 eval_iters = 10  # batches per split per evaluation
 eval_only = False
 always_save_checkpoint = True  # False: ckpt.pt only rewritten when val loss improves, and at the end (nanoGPT)
-init_from = 'scratch'  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+init_from = 'scratch'  # 'scratch', 'resume' (from out_dir/ckpt.pt) or 'auto' (resume if there is one: requeued jobs)
 overwrite = False  # a scratch run refuses an out_dir that holds a run (sweeps must not clobber each other)
 wandb_log = False
 wandb_project = 'nanonorm'
@@ -58,8 +68,8 @@ data_dir = None  # folder with train.bin, val.bin, meta.json; None = data/<datas
 train_tokens = None  # data budget: random windows inside the first train_tokens train tokens only; None = all
 val_tokens = None  # evaluate on the first val_tokens val tokens (the same for every budget); None = all
 tiktoken_file = None  # GPT-2 .tiktoken ranks file for offline machines (recorded for sample.py)
-gradient_accumulation_steps = 1  # global micro-batches per step, shared by the ranks
-batch_size = 16  # sequences per micro-batch
+gradient_accumulation_steps = 1  # micro-batches per step in all (batch_size x this = sequences per step)
+batch_size = 16  # sequences per micro-batch, at most
 block_size = 128
 # model (every other GPTConfig field is a key with GPTConfig's default)
 n_layer = 4
@@ -87,7 +97,7 @@ device = None  # None = 'cuda' if available, else 'mps', else 'cpu' (model.pick_
 dtype = None  # 'float32' or 'bfloat16'; None = bfloat16 autocast on CUDA when supported, else float32
 compile = False
 backend = None  # torch.distributed backend; None = 'nccl' on CUDA, 'gloo' otherwise
-fsdp = False  # under torchrun: shard parameters with FSDP2 (1.3b and 3.78b scales) instead of DDP
+fsdp = False  # under torchrun: shard parameters, gradients and optimizer state with FSDP2 (the 3.78b configs)
 peak_flops = None  # the device's peak FLOP/s for MFU; None = known GPUs only (no MFU on CPU)
 seed = 1337
 # -----------------------------------------------------------------------------------------------------------
@@ -103,6 +113,10 @@ OPTIONAL_TYPES.update({k: get_args(hint)[0] for k, hint in get_type_hints(GPTCon
 # So they are the same at every eval, and the same in every run with equal train_tokens and block_size.
 EVAL_SEED = 1337
 COLLAPSE_MARGIN = 0.1  # nats: a train loss this close to the budget's unigram entropy = token frequencies only
+EXIT_DIVERGED, EXIT_STOPPED = 3, 4
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+# long enough for rank 0 to write a 3.78b checkpoint (45 GB) while the others wait at a barrier
+COLLECTIVE_TIMEOUT = timedelta(minutes=60)
 
 
 def derived_seed(*parts):
@@ -129,10 +143,19 @@ def train_windows(seed, it, n_tokens, block_size, count):
     return torch.randint(n_tokens - block_size, (count,), generator=g)
 
 
+def micro_batches(n, world, rank, batch_size):
+    """This process's share of n sequences as (first, count) micro-batches. Shares differ by one sequence at most
+    and every process runs the same number of micro-batches (FSDP's collectives need that), of <= batch_size."""
+    lo, hi = rank * n // world, (rank + 1) * n // world
+    count = -(-(-(-n // world)) // batch_size)  # ceil(ceil(n / world) / batch_size)
+    bounds = [lo + (hi - lo) * k // count for k in range(count + 1)]
+    return [(a, b - a) for a, b in zip(bounds, bounds[1:])]
+
+
 def get_batch(data, starts, block_size, device):
     x = torch.stack([torch.from_numpy(data[i:i + block_size].astype('int64')) for i in starts.tolist()])
     y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype('int64')) for i in starts.tolist()])
-    if 'cuda' in str(device):
+    if 'cuda' in str(device):  # pinned, so the copy overlaps the work already queued on the GPU
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x.to(device), y.to(device)
 
@@ -150,34 +173,37 @@ def read_log(path, keep):
     return [r for r in records if keep(r)]
 
 
-def resolve(cfg, world_size):
-    """Fill in the automatic choices (device, dtype, backend) and check the values, before anything is read."""
+def resolve(cfg, world):
+    """Fill in the automatic choices (device, dtype, backend, init_from=auto) and check every value before
+    anything is read or written."""
     try:
         cfg.device = pick_device(cfg.device)
         GPTConfig(**{f.name: getattr(cfg, f.name) for f in fields(GPTConfig)})  # the architecture's own checks
     except ValueError as e:
         raise SystemExit(f'error: {e}') from None
     cuda = cfg.device.startswith('cuda')
-    if cfg.dtype is None:
-        cfg.dtype = 'bfloat16' if cuda and torch.cuda.is_bf16_supported() else 'float32'
-    if cfg.backend is None:
-        cfg.backend = 'nccl' if cuda else 'gloo'
-    checks = [(cfg.init_from in ('scratch', 'resume'), "init_from must be 'scratch' or 'resume'"),
+    cfg.dtype = cfg.dtype or ('bfloat16' if cuda and torch.cuda.is_bf16_supported() else 'float32')
+    cfg.backend = cfg.backend or ('nccl' if cuda else 'gloo')
+    if cfg.init_from == 'auto':
+        cfg.init_from = 'resume' if os.path.exists(os.path.join(cfg.out_dir, 'ckpt.pt')) else 'scratch'
+    sequences = cfg.batch_size * cfg.gradient_accumulation_steps
+    checks = [(cfg.init_from in ('scratch', 'resume'), "init_from must be 'scratch', 'resume' or 'auto'"),
               (cfg.init_from == 'resume' or cfg.overwrite or cfg.eval_only
                or not os.path.exists(os.path.join(cfg.out_dir, 'ckpt.pt')),
-               f'{cfg.out_dir} already holds a run (ckpt.pt); pass --out_dir=NEW, --init_from=resume, '
+               f'{cfg.out_dir} already holds a run (ckpt.pt); pass --out_dir=NEW, --init_from=resume (or auto), '
                f'or --overwrite=True'),
               (cfg.dtype in ('float32', 'bfloat16'), "dtype must be 'float32' or 'bfloat16'"),
               (min(cfg.eval_interval, cfg.log_interval, cfg.eval_iters, cfg.batch_size, cfg.block_size,
                    cfg.gradient_accumulation_steps) > 0, 'eval_interval, log_interval, eval_iters, batch_size, '
                'block_size and gradient_accumulation_steps must be positive'),
-              (cfg.max_iters >= 0, f'max_iters ({cfg.max_iters}) must be >= 0 (0 = evaluate the initial model)'),
-              (cfg.gradient_accumulation_steps % world_size == 0,
-               f"gradient_accumulation_steps ({cfg.gradient_accumulation_steps}) is the global number of "
-               f"micro-batches and must be divisible by the number of processes ({world_size})"),
-              ((cfg.eval_iters * cfg.batch_size) % world_size == 0,
-               f"eval_iters x batch_size ({cfg.eval_iters * cfg.batch_size} eval windows) must be divisible by "
-               f"the number of processes ({world_size})")]
+              (cfg.max_iters >= 0, f'max_iters ({cfg.max_iters}) must be >= 0 (0 = evaluate the initial model)')]
+    for n, what in ((sequences, 'batch_size x gradient_accumulation_steps sequences per step'),
+                    (cfg.eval_iters * cfg.batch_size, 'eval_iters x batch_size eval windows')):
+        checks.append((n <= 0 or all(c > 0 for r in range(world) for _, c in micro_batches(n, world, r, cfg.batch_size)),
+                       f'{what} ({n}) are too few to give each of {world} processes the same number of '
+                       'micro-batches; raise them or use fewer processes'))
+    checks.append((not cfg.wandb_log or importlib.util.find_spec('wandb'),
+                   'wandb_log=True, but wandb is not installed (pip install wandb)'))
     for ok, message in checks:
         if not ok:
             raise SystemExit(f'error: {message}')
@@ -193,8 +219,8 @@ def open_data(cfg, master, ddp):
                 prepare()
             if ddp:
                 dist.barrier()
-        train, val = (load_split(cfg.dataset, s, data_dir=cfg.data_dir) for s in ('train', 'val'))
         meta = load_meta(cfg.dataset, data_dir=cfg.data_dir)
+        train, val = (load_split(cfg.dataset, s, data_dir=cfg.data_dir) for s in ('train', 'val'))
     except DataError as e:
         raise SystemExit(f'error: {e}') from None
     if cfg.vocab_size is None:
@@ -213,289 +239,425 @@ def open_data(cfg, master, ddp):
     return train[:n_train], val, meta
 
 
+def read_resume_checkpoint(cfg, model_args, n_train, master):
+    """The checkpoint to resume from, checked against the config (on every process: memory-mapped, no copy)."""
+    ckpt_path = os.path.join(cfg.out_dir, 'ckpt.pt')
+    try:  # model.py's reader: clear errors for a missing, corrupt or foreign file (checked on 'meta': no copy)
+        _, ckpt = load_checkpoint(ckpt_path, device='meta')
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"error: init_from='resume': {e}") from None
+    missing = [k for k in ('optimizer', 'config', 'iter_num', 'best_val_loss', 'best_iter', 'guard',
+                           'last_eval', 'sampler') if k not in ckpt]
+    if missing:
+        raise SystemExit(f"error: {ckpt_path} lacks {', '.join(missing)}: it was not written by this train.py "
+                         "and cannot be resumed exactly; start a new run in a new out_dir")
+    changed = [f'{k} (checkpoint {ckpt["model_args"].get(k)!r}, config {v!r})'
+               for k, v in model_args.items() if ckpt['model_args'].get(k) != v and k != 'dropout']
+    if changed:
+        raise SystemExit('error: the config changes the architecture of the run being resumed: '
+                         + ', '.join(changed) + ". Keep the checkpoint's values or use a new out_dir.")
+    notes = []
+    if ckpt['model_args'].get('dropout') != cfg.dropout:
+        notes.append(f"note: dropout changes from {ckpt['model_args'].get('dropout')} to {cfg.dropout}")
+    if ckpt['config'].get('dataset') != cfg.dataset:
+        notes.append(f"warning: resuming a run trained on dataset {ckpt['config'].get('dataset')!r} "
+                     f"with dataset {cfg.dataset!r}")
+    if (ckpt['sampler']['seed'], ckpt['sampler']['train_tokens']) != (cfg.seed, n_train):
+        notes.append(f"warning: resuming with seed/train_tokens {cfg.seed}/{n_train:,} where the checkpoint "
+                     f"has {ckpt['sampler']['seed']}/{ckpt['sampler']['train_tokens']:,}: the data order changes")
+    if master and notes:
+        print('\n'.join(notes))
+    return ckpt
+
+
+def build_model(cfg, model_args, env):
+    """(raw model, the module the training step calls): DDP then compile (the gradient all-reduce overlaps the
+    compiled backward: DDPOptimizer splits the graph at bucket boundaries), or under FSDP each block compiled,
+    then sharded, built on the meta device and materialised only as shards. fp32 parameters with bf16 autocast
+    in both cases, so every scale trains with the same numerics."""
+    torch.manual_seed(cfg.seed)
+    if not env.fsdp:
+        raw = GPT(GPTConfig(**model_args)).to(env.device)
+        env.ddp_module = DDP(raw, device_ids=[env.local_rank] if env.device_type == 'cuda' else None,
+                             broadcast_buffers=False) if env.ddp else None  # statistics buffers are sums: not broadcast
+        model = env.ddp_module or raw
+        return raw, torch.compile(model) if cfg.compile else model
+    from torch.distributed.fsdp import fully_shard
+    with torch.device('meta'):  # no process ever holds the whole model
+        raw = GPT(GPTConfig(**model_args))
+    if cfg.compile:  # the blocks one by one (FSDP's hooks stay outside the graphs), and the output layer + loss
+        for block in raw.transformer.h:
+            block.forward = torch.compile(block.forward)
+        raw.head_loss = torch.compile(raw.head_loss)
+    for block in raw.transformer.h:
+        fully_shard(block)
+    fully_shard(raw)
+    raw.materialize(env.device)  # the weights of the unsharded init with the same seed, shard by shard
+    return raw, raw
+
+
+def load_training_state(raw, optimizer, ckpt, env):
+    """Weights and optimizer state of a resumed run. Under torchrun only rank 0 reads them from the file and
+    broadcasts them (others would each read the whole checkpoint)."""
+    if not env.ddp:
+        raw.load_state_dict(ckpt['model'])  # train.py saves the raw model's state: no prefixes to strip
+        set_optimizer_state_dict(raw, optimizer, ckpt['optimizer'], options=StateDictOptions(full_state_dict=True))
+        return
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(raw, ckpt['model'] if env.master else {}, options=options)
+    set_optimizer_state_dict(raw, optimizer, ckpt['optimizer'] if env.master else {}, options=options)
+
+
 def main(argv):
     cfg = SimpleNamespace(**configure(DEFAULTS, argv, OPTIONAL_TYPES, __doc__))
-    ddp = 'RANK' in os.environ  # started by torchrun
+    handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    try:
+        env = setup(cfg)
+        train_data, val_data, meta = open_data(cfg, env.master, env.ddp)
+        run = start_run(cfg, env, train_data, val_data, meta)
+        if run is None:  # the run in out_dir is already complete
+            return 0
+        status = train(cfg, env, run)
+        finish(cfg, env, run, status)
+        return {'finished': 0, 'diverged': EXIT_DIVERGED, 'stopped': EXIT_STOPPED}[status]
+    finally:  # main() may be called again in the same process (tests, notebooks)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+def setup(cfg):
+    """Processes (torchrun sets RANK...), device, precision and the stop signals."""
+    ddp = 'RANK' in os.environ
     rank, local_rank, world = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE')) if ddp else (0, 0, 1)
-    master = rank == 0
-    fsdp = cfg.fsdp and ddp  # a single process has nothing to shard
     resolve(cfg, world)
     device = cfg.device
     if ddp:
         if device.startswith('cuda'):
             device = f'cuda:{local_rank}'
             torch.cuda.set_device(device)
-        dist.init_process_group(backend=cfg.backend)
+        dist.init_process_group(backend=cfg.backend, timeout=COLLECTIVE_TIMEOUT)
     device_type = device.split(':')[0]
-    ptdtype = getattr(torch, cfg.dtype)
-    ctx = nullcontext() if ptdtype == torch.float32 else torch.autocast(device_type, dtype=ptdtype)
     if device_type == 'cuda':
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    ptdtype = getattr(torch, cfg.dtype)
+    env = SimpleNamespace(ddp=ddp, fsdp=cfg.fsdp and ddp, ddp_module=None, rank=rank, local_rank=local_rank, world=world,
+                          master=rank == 0, device=device, device_type=device_type, ptdtype=ptdtype, stop=[],
+                          ctx=nullcontext() if ptdtype == torch.float32 else torch.autocast(device_type, dtype=ptdtype))
 
-    train_data, val_data, meta = open_data(cfg, master, ddp)
+    def request_stop(signum, frame):  # acted on at the next step, by every process at once
+        env.stop.append(signal.Signals(signum).name)
+        if signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C aborts at once
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, request_stop)
+    return env
+
+
+def start_run(cfg, env, train_data, val_data, meta):
+    """Everything the loop needs: model, optimizer, state (resumed or new), eval windows, the out_dir prepared.
+    None when the run to resume has already reached max_iters."""
     n_train, T, B = len(train_data), cfg.block_size, cfg.batch_size
-    entropy = unigram_entropy(train_data)  # the loss of predicting token frequencies only: a collapsed model's
-    micro_steps = cfg.gradient_accumulation_steps // world  # per process
-    tokens_per_iter = B * cfg.gradient_accumulation_steps * T
     config = vars(cfg).copy()
     model_args = {f.name: config[f.name] for f in fields(GPTConfig)}
-    writing = master and not cfg.eval_only
-    log_path = os.path.join(cfg.out_dir, 'log.jsonl')
-    if master:
-        print('config:\n' + '\n'.join(f'  {k} = {v!r}' for k, v in config.items()))
-        print(f'global batch: {B * cfg.gradient_accumulation_steps} sequences x {T} tokens = {tokens_per_iter:,} '
-              f'tokens/step ({world} process(es) x {micro_steps} micro-batch(es) of {B}); budget {n_train:,} '
-              f'train tokens (unigram entropy {entropy:.3f} nats), {len(val_data):,} val tokens')
-
-    # model, optionally resumed; any architecture change on resume is an error (dropout is training, not shape)
-    torch.manual_seed(cfg.seed)
-    model = GPT(GPTConfig(**model_args))
-    iter_num, best_val_loss, best_iter, guard, last_eval = 0, float('inf'), None, {}, None
-    if cfg.init_from == 'resume':
-        ckpt_path = os.path.join(cfg.out_dir, 'ckpt.pt')
-        try:  # model.py's reader: clear errors for a missing, corrupt or foreign file (checked on 'meta': no copy)
-            _, ckpt = load_checkpoint(ckpt_path, device='meta')
-        except (FileNotFoundError, ValueError) as e:
-            raise SystemExit(f"error: init_from='resume': {e}") from None
-        missing = [k for k in ('optimizer', 'config', 'iter_num', 'best_val_loss', 'best_iter', 'guard',
-                               'last_eval', 'sampler') if k not in ckpt]
-        if missing:
-            raise SystemExit(f"error: {ckpt_path} lacks {', '.join(missing)}: it was not written by this train.py "
-                             "and cannot be resumed exactly; start a new run in a new out_dir")
-        changed = [f'{k} (checkpoint {ckpt["model_args"].get(k)!r}, config {v!r})'
-                   for k, v in model_args.items() if ckpt['model_args'].get(k) != v and k != 'dropout']
-        if changed:
-            raise SystemExit('error: the config changes the architecture of the run being resumed: '
-                             + ', '.join(changed) + ". Keep the checkpoint's values or use a new out_dir.")
-        notes = []
-        if ckpt['model_args'].get('dropout') != cfg.dropout:
-            notes.append(f"note: dropout changes from {ckpt['model_args'].get('dropout')} to {cfg.dropout}")
-        if ckpt['config'].get('dataset') != cfg.dataset:
-            notes.append(f"warning: resuming a run trained on dataset {ckpt['config'].get('dataset')!r} "
-                         f"with dataset {cfg.dataset!r}")
-        if (ckpt['sampler']['seed'], ckpt['sampler']['train_tokens']) != (cfg.seed, n_train):
-            notes.append(f"warning: resuming with seed/train_tokens {cfg.seed}/{n_train:,} where the checkpoint "
-                         f"has {ckpt['sampler']['seed']}/{ckpt['sampler']['train_tokens']:,}: the data order changes")
-        if master and notes:
-            print('\n'.join(notes))
-        model.load_state_dict(ckpt['model'])  # train.py saves the raw model's state: no prefixes to strip
-        moments = ckpt['optimizer']['state'].get('embed_scale', {})  # 0-dim in checkpoints of older versions
-        moments.update({k: v.reshape(1) for k, v in moments.items() if k != 'step' and v.dim() == 0})
-        iter_num, best_val_loss, best_iter = ckpt['iter_num'], ckpt['best_val_loss'], ckpt['best_iter']
-        guard, last_eval = ckpt['guard'], ckpt['last_eval']
-    model.to(device)
-    raw_model = model  # the unwrapped module: evaluation, statistics and checkpoints
-    if fsdp:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        mp = MixedPrecisionPolicy(param_dtype=ptdtype, reduce_dtype=torch.float32)
-        for block in model.transformer.h:
-            fully_shard(block, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
-    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), device_type)
-    full_state = StateDictOptions(full_state_dict=True, cpu_offload=True)  # one ordinary file, even from FSDP shards
-    if cfg.init_from == 'resume':
-        set_optimizer_state_dict(model, optimizer, ckpt['optimizer'], options=StateDictOptions(full_state_dict=True))
+    ckpt = read_resume_checkpoint(cfg, model_args, n_train, env.master) if cfg.init_from == 'resume' else None
+    summary_path = os.path.join(cfg.out_dir, 'summary.json')
+    if ckpt and ckpt['iter_num'] >= cfg.max_iters and os.path.exists(summary_path) and not cfg.eval_only:
+        if env.master:
+            print(f"{cfg.out_dir} is already at max_iters={cfg.max_iters} (iter {ckpt['iter_num']}): nothing to do; "
+                  "raise --max_iters to continue")
+        if env.ddp:
+            dist.destroy_process_group()
+        return None
+    entropy = unigram_entropy(train_data)  # the loss of predicting token frequencies only: a collapsed model's
+    raw, model = build_model(cfg, model_args, env)
+    optimizer = raw.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), env.device_type)
+    state = dict(iter_num=0, best_val_loss=float('inf'), best_iter=None, guard={}, last_eval=None, wall_time_s=0.0)
+    if ckpt:
+        load_training_state(raw, optimizer, ckpt, env)
+        state.update({k: ckpt.get(k, state[k]) for k in state})
         del ckpt
-    if cfg.compile:
-        model = torch.compile(model)
-    if ddp and not fsdp:
-        # the norm layers' statistics buffers are accumulators, not state: never broadcast them
-        model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None, broadcast_buffers=False)
+    run = SimpleNamespace(
+        raw=raw, model=model, optimizer=optimizer, state=state, meta=meta, config=config, model_args=model_args,
+        train_data=train_data, val_data=val_data, n_train=n_train, entropy=entropy, resumed=cfg.init_from == 'resume',
+        tokens_per_iter=B * cfg.gradient_accumulation_steps * T, writing=env.master and not cfg.eval_only,
+        log_path=os.path.join(cfg.out_dir, 'log.jsonl'),
+        train_eval_starts=torch.from_numpy(random_windows(n_train, cfg.eval_iters * B, T + 1, seed=EVAL_SEED)),
+        val_starts=torch.linspace(0, len(val_data) - T - 1, cfg.eval_iters * B).long())  # evenly spread, fixed
+    if env.master:
+        n_seq = B * cfg.gradient_accumulation_steps
+        print('config:\n' + '\n'.join(f'  {k} = {v!r}' for k, v in config.items()))
+        print(f'model: {raw.get_num_params():,} parameters ({cfg.norm}, {cfg.attn} attention, {cfg.mlp} MLP, '
+              f'{cfg.pos} positions)')
+        print(f'global batch: {n_seq} sequences x {T} tokens = {run.tokens_per_iter:,} tokens/step ({env.world} '
+              f'process(es) x {len(micro_batches(n_seq, env.world, 0, B))} micro-batch(es) of <= {B}); budget '
+              f'{n_train:,} train tokens (unigram entropy {entropy:.3f} nats), {len(val_data):,} val tokens')
+        if run.resumed:
+            print(f"resuming {cfg.out_dir} at iter {state['iter_num']} (best val loss {state['best_val_loss']:.4f})")
+    if run.writing:
+        prepare_out_dir(cfg, run)
+    return run
 
-    train_eval_starts = torch.from_numpy(random_windows(n_train, cfg.eval_iters * B, T + 1, seed=EVAL_SEED))
-    val_starts = torch.linspace(0, len(val_data) - T - 1, cfg.eval_iters * B).long()  # evenly spread, fixed
 
-    @torch.no_grad()
-    def evaluate(data, starts):
-        """Mean loss over the windows; each process takes an equal share, the sums are all-reduced."""
-        raw_model.eval()
-        total = torch.zeros(2, device=device)
-        for xs in starts.tensor_split(world)[rank].split(B):
-            X, Y = get_batch(data, xs, T, device)
-            with ctx:
-                _, loss = raw_model(X, Y)
-            total += torch.stack([loss.float() * len(xs), torch.tensor(float(len(xs)), device=device)])
-        if ddp:
-            dist.all_reduce(total)
-        raw_model.train()
-        return (total[0] / total[1]).item()
+def prepare_out_dir(cfg, run):
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    if cfg.init_from == 'scratch':  # a run replaced with --overwrite leaves no file to mix with this one
+        for name in ('ckpt.pt', 'best.pt', 'summary.json'):
+            if os.path.exists(os.path.join(cfg.out_dir, name)):
+                os.remove(os.path.join(cfg.out_dir, name))
+    write_json(os.path.join(cfg.out_dir, 'config.json'), run.config)
+    # a resumed log keeps what happened up to the checkpoint (its eval included), a new run starts afresh
+    it = run.state['iter_num']
+    kept = read_log(run.log_path, lambda r: r['iter'] < it or (r['iter'] == it and r['event'] == 'eval')) \
+        if run.resumed else []
+    atomic_write(run.log_path, lambda f: f.write(''.join(json.dumps(r) + '\n' for r in kept).encode()))
+    if cfg.wandb_log:
+        import wandb
+        wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=run.config)
 
-    def eval_record(it):
-        raw_model.track_norm_stats(True)  # saturation etc. from the train windows, as the study measures it
-        train_loss = evaluate(train_data, train_eval_starts)
-        raw_model.track_norm_stats(False)
-        if ddp:  # the statistics buffers hold sums: add up every process's share
-            for _, layer in raw_model.norm_layers():
-                for buf in layer.buffers():
-                    dist.all_reduce(buf)
-        stats = raw_model.norm_stats()  # under FSDP every process takes part: alpha is gathered from its shards
-        return {'event': 'eval', 'iter': it, 'train_loss': train_loss, 'val_loss': evaluate(val_data, val_starts),
-                'lr': get_lr(it, cfg), 'tokens': it * tokens_per_iter, 'epochs': it * tokens_per_iter / n_train,
-                'saturation': stats['saturation'], 'thresholds': stats['thresholds'],
-                'norm_layers': {name: {k: s[k] for k in ('kind', 'alpha', 'input_std', 'saturation')}
-                                for name, s in stats['layers'].items()}}
 
-    def collapse_signs(record):
-        """The signs of a collapsed run (seen with DyT at small scale): train loss still at the unigram level after
-        warmup, or a norm layer saturated (its output is then sign(x) * gamma, whatever the token)."""
-        signs = []
-        if record['iter'] > cfg.warmup_iters and record['train_loss'] > entropy - COLLAPSE_MARGIN:
-            signs.append(f"train loss {record['train_loss']:.3f} is at the unigram level of the budget ({entropy:.3f} "
-                         f"nats) after warmup: the model predicts token frequencies only (collapsed?)")
-        at_2 = record['thresholds'].index(2.0)
-        full = [name for name, s in record['norm_layers'].items() if s['saturation'] and s['saturation'][at_2] > 0.99]
-        if full:
-            signs.append(f"norm layers saturated (|alpha x| > 2 for over 99% of inputs): {', '.join(full)}")
-        return signs
-
-    def save_checkpoints(it, improved):
-        """ckpt.pt (latest) and, when val loss improved, best.pt: written after the optimizer step of
-        iteration it-1, so iter_num = it is the next iteration to run. Collective under FSDP."""
-        names = (['ckpt.pt'] if cfg.always_save_checkpoint or improved or it >= cfg.max_iters else []) \
-            + (['best.pt'] if improved else [])  # the same on every process: improved comes from all-reduced losses
-        if not names:  # gathering the full state is costly, and collective: every process decides alike
-            return
-        state = {'model': get_model_state_dict(raw_model, options=full_state),
-                 'optimizer': get_optimizer_state_dict(raw_model, optimizer, options=full_state),
-                 'model_args': model_args, 'config': config, 'iter_num': it, 'best_val_loss': best_val_loss,
-                 'best_iter': best_iter, 'tokenizer': meta['tokenizer'], 'guard': guard, 'last_eval': last_eval,
-                 # data order and dropout masks are functions of (seed, iter): this is the whole sampler state
-                 'sampler': {'seed': cfg.seed, 'train_tokens': n_train, 'block_size': T, 'eval_seed': EVAL_SEED}}
-        if writing:
-            for name in names:
-                atomic_write(os.path.join(cfg.out_dir, name), lambda f: torch.save(state, f))
-
-    def log(record):
-        if writing:
-            with open(log_path, 'a') as f:
-                f.write(json.dumps(record) + '\n')
-            if cfg.wandb_log:
-                wandb.log(record, step=record['iter'])
-
-    if writing:
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        if cfg.init_from == 'scratch':  # a run replaced with --overwrite leaves no file to mix with this one
-            for name in ('ckpt.pt', 'best.pt', 'summary.json'):
-                if os.path.exists(os.path.join(cfg.out_dir, name)):
-                    os.remove(os.path.join(cfg.out_dir, name))
-        write_json(os.path.join(cfg.out_dir, 'config.json'), config)
-        # a resumed log keeps what happened up to the checkpoint (its eval included), a new run starts afresh
-        kept = read_log(log_path, lambda r: r['iter'] < iter_num or (r['iter'] == iter_num and r['event'] == 'eval')) \
-            if cfg.init_from == 'resume' else []
-        atomic_write(log_path, lambda f: f.write(''.join(json.dumps(r) + '\n' for r in kept).encode()))
-        if cfg.wandb_log:
-            import wandb
-            wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=config)
-
-    t_start = time.time()
-    start_iter, diverged = iter_num, None
-    t_log, steps_since_log = time.time(), 0
+def train(cfg, env, run):
+    """The loop: evaluate and checkpoint every eval_interval steps, one optimizer step otherwise, until max_iters,
+    divergence or a stop signal. Returns 'finished', 'diverged' or 'stopped'."""
+    s = run.state
+    t_start, start_iter = time.time(), s['iter_num']
+    t_log, steps_since_log, first_interval, stop = time.time(), 0, True, False
+    status = 'finished'
     while True:
-        # a resumed checkpoint's evaluation is already in the log
-        already_done = iter_num == start_iter and cfg.init_from == 'resume'
-        if cfg.eval_only or (iter_num % cfg.eval_interval == 0 or iter_num >= cfg.max_iters) and not already_done:
-            record = eval_record(iter_num)
-            if not (math.isfinite(record['train_loss']) and math.isfinite(record['val_loss'])):
-                diverged = (f"non-finite eval loss at iter {iter_num} (train {record['train_loss']}, "
-                            f"val {record['val_loss']})")
+        it = s['iter_num']
+        already_done = it == start_iter and run.resumed  # a resumed checkpoint's evaluation is already in the log
+        if cfg.eval_only or (it % cfg.eval_interval == 0 or it >= cfg.max_iters) and not already_done:
+            record = evaluate(cfg, env, run, it)
+            if record is None:
+                status = 'diverged'
                 break
-            improved = record['val_loss'] < best_val_loss
-            if improved:
-                best_val_loss, best_iter = record['val_loss'], iter_num
-            record.update(best_val_loss=best_val_loss, best_iter=best_iter, warnings=collapse_signs(record))
-            last_eval = record
-            log(record)
-            sat = record['saturation']
-            if master:
-                print(f"step {iter_num}: train loss {record['train_loss']:.4f}, val loss {record['val_loss']:.4f} "
-                      f"(best {best_val_loss:.4f} @ {best_iter}), epochs {record['epochs']:.2f}"
-                      + (f", saturation@2.0 {sat[record['thresholds'].index(2.0)]:.3f}" if sat else '')
-                      + ''.join(f'\n  warning: {w}' for w in record['warnings']))
             if cfg.eval_only:
                 break
-            save_checkpoints(iter_num, improved)
+            save_checkpoints(cfg, env, run, it, record['improved'], t_start)
             t_log, steps_since_log = time.time(), 0  # throughput excludes evaluation and checkpointing
-        if iter_num >= cfg.max_iters or cfg.eval_only:
+        if it >= cfg.max_iters:
             break
-
-        # one optimizer step on the windows of this iteration; this process takes its share of micro-batches
-        lr = get_lr(iter_num, cfg)
-        for group in optimizer.param_groups:
-            group['lr'] = lr
-        torch.manual_seed(derived_seed(cfg.seed, 'dropout', rank, iter_num))  # dropout masks: a function of the step
-        starts = train_windows(cfg.seed, iter_num, n_train, T, B * cfg.gradient_accumulation_steps)
-        loss_sum = torch.zeros((), device=device)
-        for micro in range(micro_steps):
-            last = micro == micro_steps - 1  # gradients are synchronised on the last micro-step only
-            if fsdp:
-                raw_model.set_requires_gradient_sync(last)
-            elif ddp:
-                model.require_backward_grad_sync = last
-            X, Y = get_batch(train_data, starts[(rank * micro_steps + micro) * B:][:B], T, device)
-            with ctx:
-                _, loss = model(X, Y)
-            (loss / micro_steps).backward()
-            loss_sum += loss.detach().float()
-        grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip or float('inf'))
-        if hasattr(grad_norm, 'full_tensor'):  # a DTensor under FSDP
-            grad_norm = grad_norm.full_tensor()
-        step_stats = torch.stack([loss_sum / micro_steps, grad_norm.float()])
-        if ddp:
-            dist.all_reduce(step_stats)
-            step_stats /= world
-        loss_f, norm_f = step_stats.tolist()  # the same on every process, so all take the same decision
-        if not (math.isfinite(loss_f) and math.isfinite(norm_f)):
-            diverged = f'non-finite loss ({loss_f}) or gradient norm ({norm_f}) at iter {iter_num}'
-        elif cfg.spike_factor and guard.get('best_ema') and loss_f > cfg.spike_factor * guard['best_ema']:
-            diverged = (f"loss spike at iter {iter_num}: {loss_f:.4f} > spike_factor {cfg.spike_factor} x best "
-                        f"smoothed loss {guard['best_ema']:.4f}")
-        if diverged:
+        if stop:  # agreed by every process during the last step
+            save_checkpoints(cfg, env, run, it, False, t_start, force=True)
+            status = 'stopped'
             break
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        ema = loss_f if 'ema' not in guard else 0.9 * guard['ema'] + 0.1 * loss_f
-        guard = {'ema': ema, 'best_ema': min(ema, guard.get('best_ema', ema))}
+        loss, grad_norm, stop = train_step(cfg, env, run, it)
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            s['diverged'] = f'non-finite loss ({loss}) or gradient norm ({grad_norm}) at iter {it}'
+        elif cfg.spike_factor and s['guard'].get('best_ema') and loss > cfg.spike_factor * s['guard']['best_ema']:
+            s['diverged'] = (f"loss spike at iter {it}: {loss:.4f} > spike_factor {cfg.spike_factor} x best "
+                             f"smoothed loss {s['guard']['best_ema']:.4f}")
+        if s.get('diverged'):
+            status = 'diverged'
+            break
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        ema = loss if 'ema' not in s['guard'] else 0.9 * s['guard']['ema'] + 0.1 * loss
+        s['guard'] = {'ema': ema, 'best_ema': min(ema, s['guard'].get('best_ema', ema))}
+        s['iter_num'] = it + 1
         steps_since_log += 1
-        iter_num += 1
-
-        if (iter_num - 1) % cfg.log_interval == 0 or iter_num == cfg.max_iters:
+        if it % cfg.log_interval == 0 or it + 1 == cfg.max_iters:
             dt = (time.time() - t_log) / steps_since_log
-            mfu = raw_model.estimate_mfu(B * micro_steps, dt, cfg.peak_flops)
-            record = {'event': 'step', 'iter': iter_num - 1, 'loss': loss_f, 'lr': lr, 'grad_norm': norm_f,
-                      'tokens': iter_num * tokens_per_iter, 'epochs': iter_num * tokens_per_iter / n_train,
-                      'tokens_per_sec': tokens_per_iter / dt, 'mfu': mfu, 'ms_per_iter': 1000 * dt}
-            log(record)
-            if master:
-                print(f"iter {iter_num - 1}: loss {loss_f:.4f}, lr {lr:.2e}, grad norm {norm_f:.3f}, "
-                      f"{record['tokens_per_sec']:,.0f} tokens/s, {1000 * dt:.1f} ms/iter"
-                      + (f', mfu {100 * mfu:.1f}%' if mfu is not None else ''))
-            t_log, steps_since_log = time.time(), 0
+            log_step(cfg, env, run, it, loss, grad_norm, None if first_interval else dt)
+            t_log, steps_since_log, first_interval = time.time(), 0, False
+    s['wall_time_s'] += time.time() - t_start
+    return status
 
-    if diverged:
-        if master:
-            print(f'DIVERGED: {diverged}. Stopped; the checkpoints in {cfg.out_dir} are the last good ones.',
+
+def train_step(cfg, env, run, it):
+    """Forward and backward of this process's micro-batches of step `it`, gradients clipped. Returns the step's
+    mean loss and gradient norm, and whether a stop signal arrived anywhere: the same on every process."""
+    lr = get_lr(it, cfg)
+    for group in run.optimizer.param_groups:
+        group['lr'] = lr
+    if cfg.dropout > 0:  # dropout masks: a function of the step (reseeding costs ~0.4 ms, so only when needed)
+        torch.manual_seed(derived_seed(cfg.seed, 'dropout', env.rank, it))
+    n = cfg.batch_size * cfg.gradient_accumulation_steps
+    starts = train_windows(cfg.seed, it, run.n_train, cfg.block_size, n)
+    parts = micro_batches(n, env.world, env.rank, cfg.batch_size)
+    batch = get_batch(run.train_data, starts[parts[0][0]:][:parts[0][1]], cfg.block_size, env.device)
+    loss_sum = torch.zeros((), device=env.device)
+    for k, (_, count) in enumerate(parts):
+        if env.ddp_module:  # DDP all-reduces on the last micro-step only; FSDP reduce-scatters every one
+            env.ddp_module.require_backward_grad_sync = k == len(parts) - 1
+        with env.ctx:
+            _, loss = run.model(*batch)
+        if k + 1 < len(parts):  # the next micro-batch's copy overlaps this backward
+            first, size = parts[k + 1]
+            batch = get_batch(run.train_data, starts[first:first + size], cfg.block_size, env.device)
+        # weighted by its share of the step: the gradients' average over processes is the step's mean
+        (loss * (count * env.world / n)).backward()
+        loss_sum += loss.detach().float() * (count / n)
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.raw.parameters(), cfg.grad_clip or float('inf'))
+    if hasattr(grad_norm, 'full_tensor'):  # a DTensor under FSDP
+        grad_norm = grad_norm.full_tensor()
+    stats = torch.stack([loss_sum, grad_norm.float() / env.world,
+                         torch.tensor(float(bool(env.stop)), device=env.device)])
+    if env.ddp:
+        dist.all_reduce(stats)
+    loss, grad_norm, stop = stats.tolist()  # the step's one host sync; the same on every process
+    return loss, grad_norm, stop > 0
+
+
+@torch.no_grad()
+def mean_loss(cfg, env, run, data, starts):
+    """Mean loss over the windows; each process takes an equal share, the sums are all-reduced."""
+    run.raw.eval()
+    total = torch.zeros(2, device=env.device)
+    for first, count in micro_batches(len(starts), env.world, env.rank, cfg.batch_size):
+        X, Y = get_batch(data, starts[first:first + count], cfg.block_size, env.device)
+        with env.ctx:
+            _, loss = run.raw(X, Y)
+        total += torch.stack([loss.float() * count, torch.tensor(float(count), device=env.device)])
+    if env.ddp:
+        dist.all_reduce(total)
+    run.raw.train()
+    return (total[0] / total[1]).item()
+
+
+def evaluate(cfg, env, run, it):
+    """Train and val loss, saturation and norm statistics at step `it`: logged, printed; None if not finite."""
+    s, raw = run.state, run.raw
+    raw.track_norm_stats(True)  # saturation etc. from the train windows, as the study measures it
+    train_loss = mean_loss(cfg, env, run, run.train_data, run.train_eval_starts)
+    raw.track_norm_stats(False)
+    if env.ddp:  # the statistics buffers hold sums: add up every process's share
+        for _, layer in raw.norm_layers():
+            for buf in layer.buffers():
+                dist.all_reduce(buf)
+    stats = raw.norm_stats()  # under FSDP every process takes part: alpha is gathered from its shards
+    val_loss = mean_loss(cfg, env, run, run.val_data, run.val_starts)
+    if not (math.isfinite(train_loss) and math.isfinite(val_loss)):
+        s['diverged'] = f'non-finite eval loss at iter {it} (train {train_loss}, val {val_loss})'
+        return None
+    improved = val_loss < s['best_val_loss']
+    if improved:
+        s['best_val_loss'], s['best_iter'] = val_loss, it
+    record = {'event': 'eval', 'iter': it, 'train_loss': train_loss, 'val_loss': val_loss, 'lr': get_lr(it, cfg),
+              'tokens': it * run.tokens_per_iter, 'epochs': it * run.tokens_per_iter / run.n_train,
+              'saturation': stats['saturation'], 'thresholds': stats['thresholds'],
+              'norm_layers': {name: {k: st[k] for k in ('kind', 'alpha', 'input_std', 'saturation')}
+                              for name, st in stats['layers'].items()},
+              'best_val_loss': s['best_val_loss'], 'best_iter': s['best_iter']}
+    record['warnings'] = collapse_signs(cfg, run, record)
+    s['last_eval'] = record
+    log(cfg, run, record)
+    sat = record['saturation']
+    if env.master:
+        print(f"step {it}: train loss {train_loss:.4f}, val loss {val_loss:.4f} (best {s['best_val_loss']:.4f} @ "
+              f"{s['best_iter']}), epochs {record['epochs']:.2f}"
+              + (f", saturation@2.0 {sat[record['thresholds'].index(2.0)]:.3f}" if sat else '')
+              + ''.join(f'\n  warning: {w}' for w in record['warnings']))
+    return dict(record, improved=improved)
+
+
+def collapse_signs(cfg, run, record):
+    """The signs of a collapsed run (seen with DyT at small scale): train loss still at the unigram level after
+    warmup, or a norm layer saturated (its output is then sign(x) * gamma, whatever the token)."""
+    signs = []
+    if record['iter'] > cfg.warmup_iters and record['train_loss'] > run.entropy - COLLAPSE_MARGIN:
+        signs.append(f"train loss {record['train_loss']:.3f} is at the unigram level of the budget ({run.entropy:.3f} "
+                     f"nats) after warmup: the model predicts token frequencies only (collapsed?)")
+    at_2 = record['thresholds'].index(2.0)
+    full = [name for name, s in record['norm_layers'].items() if s['saturation'] and s['saturation'][at_2] > 0.99]
+    if full:
+        signs.append(f"norm layers saturated (|alpha x| > 2 for over 99% of inputs): {', '.join(full)}")
+    return signs
+
+
+def log_step(cfg, env, run, it, loss, grad_norm, dt):
+    """A step record; dt (seconds per step) is None for the first interval after a start, which holds compilation."""
+    n_micro = len(micro_batches(cfg.batch_size * cfg.gradient_accumulation_steps, env.world, 0, cfg.batch_size))
+    mfu = run.raw.estimate_mfu(cfg.batch_size * n_micro, dt, cfg.peak_flops) if dt else None
+    record = {'event': 'step', 'iter': it, 'loss': loss, 'lr': get_lr(it, cfg), 'grad_norm': grad_norm,
+              'tokens': (it + 1) * run.tokens_per_iter, 'epochs': (it + 1) * run.tokens_per_iter / run.n_train,
+              'tokens_per_sec': run.tokens_per_iter / dt if dt else None, 'mfu': mfu,
+              'ms_per_iter': 1000 * dt if dt else None}
+    log(cfg, run, record)
+    if env.master:
+        print(f"iter {it}: loss {loss:.4f}, lr {record['lr']:.2e}, grad norm {grad_norm:.3f}, "
+              + (f"{record['tokens_per_sec']:,.0f} tokens/s, {1000 * dt:.1f} ms/iter" if dt else
+                 'first step (compilation and warm-up: not timed)')
+              + (f', mfu {100 * mfu:.1f}%' if mfu is not None else ''))
+
+
+def log(cfg, run, record):
+    if run.writing:
+        with open(run.log_path, 'a') as f:
+            f.write(json.dumps(record) + '\n')
+        if cfg.wandb_log:
+            import wandb
+            wandb.log(record, step=record['iter'])
+
+
+def save_checkpoints(cfg, env, run, it, improved, t_start, force=False):
+    """ckpt.pt (latest) and, when val loss improved, best.pt: written after the optimizer step of iteration it-1,
+    so iter_num = it is the next iteration to run. Serialised once: best.pt is a hard link to the same file (a
+    copy where links are not supported). Collective: under FSDP rank 0 gathers the state, the others wait."""
+    due = force or cfg.always_save_checkpoint or improved or it >= cfg.max_iters  # alike on every process
+    if not due:
+        return
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)  # one ordinary file, even from FSDP shards
+    s = run.state
+    state = {'model': get_model_state_dict(run.raw, options=full),
+             'optimizer': get_optimizer_state_dict(run.raw, run.optimizer, options=full),
+             'model_args': run.model_args, 'config': run.config, 'tokenizer': run.meta['tokenizer'],
+             'iter_num': it, 'best_val_loss': s['best_val_loss'], 'best_iter': s['best_iter'], 'guard': s['guard'],
+             'last_eval': s['last_eval'], 'wall_time_s': s['wall_time_s'] + time.time() - t_start,
+             # data order and dropout masks are functions of (seed, iter): this is the whole sampler state
+             'sampler': {'seed': cfg.seed, 'train_tokens': run.n_train, 'block_size': cfg.block_size,
+                         'eval_seed': EVAL_SEED}}
+    if run.writing:
+        path = os.path.join(cfg.out_dir, 'ckpt.pt')
+        atomic_write(path, lambda f: torch.save(state, f))
+        if improved:
+            best, tmp = os.path.join(cfg.out_dir, 'best.pt'), os.path.join(cfg.out_dir, f'best.pt.tmp{os.getpid()}')
+            try:
+                os.link(path, tmp)  # the same bytes, not written twice; the next ckpt.pt is a new file
+                os.replace(tmp, best)
+            except OSError:
+                atomic_write(best, lambda f: f.write(open(path, 'rb').read()))
+    if env.ddp:
+        dist.barrier()  # the others wait here, under the long timeout, while rank 0 writes
+
+
+def finish(cfg, env, run, status):
+    """summary.json (finished or diverged), or the 'stopped' event and how to continue; the closing lines."""
+    s, it = run.state, run.state['iter_num']
+    if status == 'diverged':
+        if env.master:
+            print(f"DIVERGED: {s['diverged']}. Stopped; the checkpoints in {cfg.out_dir} are the last good ones.",
                   file=sys.stderr)
-        log({'event': 'diverged', 'iter': iter_num, 'diverged': True, 'reason': diverged})
-    if writing:
-        layers = (last_eval or {}).get('norm_layers', {})
+        log(cfg, run, {'event': 'diverged', 'iter': it, 'diverged': True, 'reason': s['diverged']})
+    if status == 'stopped':
+        log(cfg, run, {'event': 'stopped', 'iter': it, 'signal': env.stop[0] if env.stop else 'another process'})
+        if env.master:
+            print(f"stopped at iter {it} ({env.stop[0] if env.stop else 'signal on another process'}); ckpt.pt is "
+                  f"saved. Continue with the same command and --init_from=auto (or resume)")
+    elif run.writing:
+        last = s['last_eval'] or {}
+        layers = last.get('norm_layers', {})
         write_json(os.path.join(cfg.out_dir, 'summary.json'), {
-            'final_iter': last_eval and last_eval['iter'], 'final_val_loss': last_eval and last_eval['val_loss'],
-            'final_train_loss': last_eval and last_eval['train_loss'],
-            'best_val_loss': best_val_loss if best_iter is not None else None, 'best_iter': best_iter,
-            'saturation': last_eval and last_eval['saturation'], 'thresholds': last_eval and last_eval['thresholds'],
+            'status': status, 'final_iter': last.get('iter'), 'final_val_loss': last.get('val_loss'),
+            'final_train_loss': last.get('train_loss'),
+            'best_val_loss': s['best_val_loss'] if s['best_iter'] is not None else None, 'best_iter': s['best_iter'],
+            'saturation': last.get('saturation'), 'thresholds': last.get('thresholds'),
             'saturation_layers': {k: v['saturation'] for k, v in layers.items() if v['saturation'] is not None},
             'alphas': {k: v['alpha'] for k, v in layers.items() if v['alpha'] is not None},
-            'iters': iter_num, 'tokens': iter_num * tokens_per_iter, 'epochs': iter_num * tokens_per_iter / n_train,
-            'wall_time_s': time.time() - t_start, 'diverged': bool(diverged), 'diverged_reason': diverged,
-            'diverged_iter': iter_num if diverged else None, 'n_params': raw_model.get_num_params(),
-            'budget_tokens': n_train, 'unigram_entropy': entropy, 'warnings': (last_eval or {}).get('warnings'),
-            'config': config})
-        if cfg.wandb_log:
-            wandb.finish()
-    if ddp:
+            'iters': it, 'tokens': it * run.tokens_per_iter, 'epochs': it * run.tokens_per_iter / run.n_train,
+            'wall_time_s': s['wall_time_s'], 'diverged': status == 'diverged', 'diverged_reason': s.get('diverged'),
+            'diverged_iter': it if status == 'diverged' else None, 'n_params': run.raw.get_num_params(),
+            'budget_tokens': run.n_train, 'unigram_entropy': run.entropy, 'warnings': last.get('warnings'),
+            'config': run.config})
+        if status == 'finished' and not cfg.eval_only:
+            print(f"done: {cfg.out_dir} at iter {it}, final val loss {last.get('val_loss', float('nan')):.4f}, best "
+                  f"{s['best_val_loss']:.4f} @ {s['best_iter']}. Next: python sample.py --out_dir={cfg.out_dir}; "
+                  f"python analyze.py all {cfg.out_dir}")
+    if run.writing and cfg.wandb_log:
+        import wandb
+        wandb.finish()
+    if env.ddp:
         dist.destroy_process_group()
-    return 3 if diverged else 0
 
 
 if __name__ == '__main__':

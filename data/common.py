@@ -301,16 +301,27 @@ def write_tokens(path, arrays):
 
 # ----------------------------------------------------------------------------- reading, meta, CLI
 
+FOLDER_FORMAT = ("a data folder holds train.bin and val.bin (token ids as raw uint16) and meta.json "
+                 '{"tokenizer": "byte" or "gpt2", "vocab_size": int} (README "Data")')
+
+
+def how_to_prepare(dataset, data_dir):
+    """What to do about a data folder that is missing or incomplete."""
+    if data_dir:  # the user's own folder: a prepare script writes elsewhere
+        return FOLDER_FORMAT
+    return f"Prepare it with: python data/{dataset}/prepare.py"
+
+
 def load_split(dataset, split, data_dir=None):
     """The `split` ('train', 'val', 'test') of a prepared dataset as a read-only uint16 memmap.
     `data_dir` is the folder holding the .bin files (default data/<dataset>/)."""
-    data_dir = data_dir or os.path.join(DATA_DIR, dataset)
-    path = os.path.join(data_dir, f"{split}.bin")
-    if not os.path.exists(os.path.join(data_dir, "meta.json")):
-        raise DataError(f"dataset {dataset!r} is not prepared ({data_dir}/meta.json is missing). "
-                        f"Prepare it with: python data/{dataset}/prepare.py")
+    folder = data_dir or os.path.join(DATA_DIR, dataset)
+    path = os.path.join(folder, f"{split}.bin")
+    if not os.path.exists(os.path.join(folder, "meta.json")):
+        raise DataError(f"dataset {dataset!r} is not prepared ({folder}/meta.json is missing). "
+                        + how_to_prepare(dataset, data_dir))
     if not os.path.exists(path):
-        have = sorted(f[:-4] for f in os.listdir(data_dir) if f.endswith(".bin"))
+        have = sorted(f[:-4] for f in os.listdir(folder) if f.endswith(".bin"))
         raise DataError(f"dataset {dataset!r} has no {split!r} split ({path} missing); it has {have}. "
                         f"If a file was deleted, rebuild with: python data/{dataset}/prepare.py --force")
     if os.path.getsize(path) == 0:
@@ -340,15 +351,23 @@ def unigram_entropy(tokens, chunk=1 << 24):
 
 
 def load_meta(dataset, data_dir=None):
+    """meta.json of a dataset, its 'tokenizer' and 'vocab_size' checked."""
     path = os.path.join(data_dir or os.path.join(DATA_DIR, dataset), "meta.json")
     if not os.path.exists(path):
-        raise DataError(f"{path} not found. Prepare the dataset with: python data/{dataset}/prepare.py")
+        raise DataError(f"{path} not found. " + how_to_prepare(dataset, data_dir))
     try:
         with open(path) as f:
-            return json.load(f)
+            meta = json.load(f)
     except ValueError as e:
-        raise DataError(f"{path} is not valid JSON ({e}). "
-                        f"Rebuild with: python data/{dataset}/prepare.py --force") from e
+        raise DataError(f"{path} is not valid JSON ({e}). " + (FOLDER_FORMAT if data_dir else
+                        f"Rebuild with: python data/{dataset}/prepare.py --force")) from e
+    if not isinstance(meta, dict):
+        raise DataError(f"{path} must hold a JSON object; {FOLDER_FORMAT}")
+    if meta.get("tokenizer") not in ("byte", "gpt2"):
+        raise DataError(f"{path}: 'tokenizer' must be \"byte\" or \"gpt2\", got {meta.get('tokenizer')!r}; {FOLDER_FORMAT}")
+    if type(meta.get("vocab_size")) is not int or meta["vocab_size"] < 1:
+        raise DataError(f"{path}: 'vocab_size' must be a positive int, got {meta.get('vocab_size')!r}; {FOLDER_FORMAT}")
+    return meta
 
 
 def atomic_write(path, write):

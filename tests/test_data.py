@@ -229,11 +229,18 @@ def test_write_tokens_and_load_split(tmp_path):
     d = tmp_path / "toy"
     d.mkdir()
     assert write_tokens(str(d / "train.bin"), [[1, 2, 3], np.array([65535, 0])]) == 5
-    with pytest.raises(DataError, match=r"not prepared.*python data/toy/prepare\.py"):
-        load_split("toy", "train", data_dir=str(d))  # no meta.json yet: not finished
-    (d / "meta.json").write_text(json.dumps({"tokenizer": "byte"}))
+    with pytest.raises(DataError, match=r"not prepared.*meta.json is missing\)\. a data folder holds train.bin") as e:
+        load_split("toy", "train", data_dir=str(d))  # no meta.json yet: not finished; a folder of the user's own
+    assert "prepare.py" not in str(e.value)  # no prepare script writes into the user's folder
+    for meta, field in (({}, "'tokenizer'"), ({"tokenizer": "byte"}, "'vocab_size'"),
+                        ({"tokenizer": "bpe", "vocab_size": 9}, "'tokenizer'"), ([], "JSON object"),
+                        ({"tokenizer": "byte", "vocab_size": "257"}, "'vocab_size'")):
+        (d / "meta.json").write_text(json.dumps(meta))
+        with pytest.raises(DataError, match=f"{field}.*a data folder holds"):
+            load_meta("toy", data_dir=str(d))
+    (d / "meta.json").write_text(json.dumps({"tokenizer": "byte", "vocab_size": 257}))
     assert load_split("toy", "train", data_dir=str(d)).tolist() == [1, 2, 3, 65535, 0]
-    assert load_meta("toy", data_dir=str(d)) == {"tokenizer": "byte"}
+    assert load_meta("toy", data_dir=str(d)) == {"tokenizer": "byte", "vocab_size": 257}
     with pytest.raises(DataError, match="no 'test' split"):
         load_split("toy", "test", data_dir=str(d))
     with pytest.raises(DataError, match="65536"):

@@ -494,6 +494,29 @@ def test_init_distribution():
             assert t.eq(0).all()
 
 
+@pytest.mark.parametrize('kw', [dict(), dict(norm='derf', attn='diff', mlp='swiglu', pos='rope', n_kv_head=2,
+                                         embed_scale=True, bias=True, dyt_alpha_final=1.5)])
+def test_meta_device_init_equals_the_ordinary_init(kw):
+    """train.py builds big models on 'meta', shards them, then materialises and initialises them: the weights and
+    buffers must be those of the model built whole from the same seed."""
+    torch.manual_seed(21)
+    whole = GPT(tiny(**kw))
+    torch.manual_seed(21)
+    with torch.device('meta'):
+        late = GPT(tiny(**kw))
+    assert all(p.is_meta for p in late.parameters())
+    late.materialize('cpu')
+    assert late.lm_head.weight is late.transformer.wte.weight  # still tied
+    got, want = late.state_dict(), whole.state_dict()
+    assert got.keys() == want.keys()
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+    for (name, buf), (_, ref) in zip(late.named_buffers(), whole.named_buffers()):
+        assert torch.equal(buf, ref), name  # RoPE tables recomputed, statistics zeroed
+    torch.manual_seed(22)
+    assert not torch.equal(GPT(tiny(**kw)).transformer.wte.weight, want['transformer.wte.weight'])  # seed matters
+
+
 # ----------------------------------------------------------------------------------------------------------
 # 10-11. Determinism, forward outputs, generate
 

@@ -1,4 +1,5 @@
 """train.py and sample.py on tiny models and a tiny synthetic dataset written to a temporary folder."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -112,15 +113,24 @@ def test_train_config_errors(data_dir, tmp_path):
     assert not out.exists()  # every check comes before anything is written
     empty = tmp_path / 'empty'
     empty.mkdir()
-    with pytest.raises(SystemExit, match='python data/nodata/prepare.py'):
+    with pytest.raises(SystemExit, match='meta.json not found. a data folder holds train.bin and val.bin'):
         train.main(['--dataset=nodata', f'--data_dir={empty}', f'--out_dir={tmp_path / "o"}'])
+    with pytest.raises(SystemExit, match='python data/nodata/prepare.py'):  # no folder given: data/nodata/
+        train.main(['--dataset=nodata', f'--out_dir={tmp_path / "o"}'])
+    (empty / 'meta.json').write_text('{}')  # every field checked before anything is written
+    with pytest.raises(SystemExit, match="'tokenizer' must be"):
+        train.main(['--dataset=nodata', f'--data_dir={empty}', f'--out_dir={tmp_path / "o"}'])
+    if not importlib.util.find_spec('wandb'):
+        with pytest.raises(SystemExit, match='wandb is not installed'):
+            run(data_dir, out, '--wandb_log=True')
+    assert not out.exists()
 
 
 def test_out_dir_is_never_clobbered_and_resume_checks_the_checkpoint(data_dir, tmp_path, capsys):
     out = str(tmp_path / 'run')
     assert run(data_dir, out, '--max_iters=2', '--eval_interval=2') == 0
     with pytest.raises(SystemExit, match=f'^error: {out} already holds a run \\(ckpt.pt\\); pass --out_dir=NEW, '
-                                         '--init_from=resume, or --overwrite=True$'):
+                                         '--init_from=resume \\(or auto\\), or --overwrite=True$'):
         run(data_dir, out, '--max_iters=2', '--seed=42')
     assert run(data_dir, out, '--max_iters=1', '--eval_interval=1', '--overwrite=True') == 0
     assert [r['iter'] for r in records(out, 'eval')] == [0, 1]  # the old run's log is gone
