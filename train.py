@@ -408,7 +408,7 @@ def prepare_out_dir(cfg, run):
     write_json(os.path.join(cfg.out_dir, 'config.json'), run.config)
     # a resumed log keeps what happened up to the checkpoint (its eval included), a new run starts afresh
     it = run.state['iter_num']
-    kept = read_log(run.log_path, lambda r: r['iter'] < it or (r['iter'] == it and r['event'] == 'eval')) \
+    kept = read_log(run.log_path, lambda r: r['iter'] < it or (r['iter'] == it and r['event'] in ('eval', 'stopped'))) \
         if run.resumed else []
     atomic_write(run.log_path, lambda f: f.write(''.join(json.dumps(r) + '\n' for r in kept).encode()))
     if cfg.wandb_log:
@@ -424,7 +424,7 @@ def train(cfg, env, run):
     t_log, steps_since_log, first_interval, stop = time.time(), 0, True, False
     status = 'finished'
     while True:
-        it = s['iter_num']
+        it, saved = s['iter_num'], False
         already_done = it == start_iter and run.resumed  # a resumed checkpoint's evaluation is already in the log
         if cfg.eval_only or (it % cfg.eval_interval == 0 or it >= cfg.max_iters) and not already_done:
             record = evaluate(cfg, env, run, it)
@@ -433,12 +433,13 @@ def train(cfg, env, run):
                 break
             if cfg.eval_only:
                 break
-            save_checkpoints(cfg, env, run, it, record['improved'], t_start)
+            saved = save_checkpoints(cfg, env, run, it, record['improved'], t_start)
             t_log, steps_since_log = time.time(), 0  # throughput excludes evaluation and checkpointing
         if it >= cfg.max_iters:
             break
         if stop:  # agreed by every process during the last step
-            save_checkpoints(cfg, env, run, it, False, t_start, force=True)
+            if not saved:
+                save_checkpoints(cfg, env, run, it, False, t_start, force=True)
             status = 'stopped'
             break
         loss, grad_norm, stop = train_step(cfg, env, run, it)
@@ -596,7 +597,7 @@ def save_checkpoints(cfg, env, run, it, improved, t_start, force=False):
     copy where links are not supported). Collective: under FSDP rank 0 gathers the state, the others wait."""
     due = force or cfg.always_save_checkpoint or improved or it >= cfg.max_iters  # alike on every process
     if not due:
-        return
+        return False
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)  # one ordinary file, even from FSDP shards
     s = run.state
     state = {'model': get_model_state_dict(run.raw, options=full),
@@ -619,6 +620,7 @@ def save_checkpoints(cfg, env, run, it, improved, t_start, force=False):
                 atomic_write(best, lambda f: f.write(open(path, 'rb').read()))
     if env.ddp:
         dist.barrier()  # the others wait here, under the long timeout, while rank 0 writes
+    return True
 
 
 def finish(cfg, env, run, status):

@@ -2,6 +2,7 @@
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -52,6 +53,36 @@ def test_windows_stay_inside_the_budget():
     # the windows of a step depend on (seed, step) only
     assert torch.equal(train.train_windows(7, 3, 500, T, 8), train.train_windows(7, 3, 500, T, 8))
     assert not torch.equal(train.train_windows(7, 3, 500, T, 8), train.train_windows(7, 4, 500, T, 8))
+
+
+@pytest.mark.parametrize('n,world,batch_size', [(64, 1, 8), (64, 2, 8), (64, 3, 8), (64, 8, 8), (64, 16, 8),
+                                                  (12, 2, 4), (10, 4, 2), (400, 16, 8), (400, 3, 8), (7, 7, 1)])
+def test_micro_batches_split_a_step_over_any_process_count(n, world, batch_size):
+    parts = [train.micro_batches(n, world, r, batch_size) for r in range(world)]
+    covered = [i for p in parts for first, count in p for i in range(first, first + count)]
+    assert covered == list(range(n))  # every sequence once, in order
+    assert len({len(p) for p in parts}) == 1  # the same number of micro-batches on every process (FSDP)
+    assert all(0 < count <= batch_size for p in parts for _, count in p)
+    shares = [sum(count for _, count in p) for p in parts]
+    assert max(shares) - min(shares) <= 1
+    assert len(parts[0]) == -(-(-(-n // world)) // batch_size)  # no more micro-batches than the largest share needs
+
+
+@pytest.mark.parametrize('config', ['config/gpt2_64m_dyt.py', 'config/gpt2_3.78b_dyt.py'])
+def test_the_readmes_commands_run_on_1_2_8_and_16_processes(config, monkeypatch):
+    """The study's batch (8 x 8 = 64 sequences) and eval windows (50 x 8 = 400) on the process counts of the README's
+    commands: python train.py, a 2-GPU box, torchrun --nproc_per_node=8, two nodes of 8."""
+    monkeypatch.chdir(REPO)
+    for world in (1, 2, 8, 16):
+        cfg = train.SimpleNamespace(**configure(train.DEFAULTS, [config, '--device=cpu'], train.OPTIONAL_TYPES))
+        train.resolve(cfg, world)  # raises SystemExit if the batch or the windows cannot be split
+        n = cfg.batch_size * cfg.gradient_accumulation_steps
+        assert n == 64 and cfg.eval_iters * cfg.batch_size == 400
+        per_rank = [sum(c for _, c in train.micro_batches(n, world, r, cfg.batch_size)) for r in range(world)]
+        assert per_rank == [64 // world] * world  # 64, 32, 8, 4 sequences each
+        assert len(train.micro_batches(n, world, 0, cfg.batch_size)) == {1: 8, 2: 4, 8: 1, 16: 1}[world]
+    with pytest.raises(SystemExit, match=r'sequences per step \(64\) are too few to give each of 100 processes'):
+        train.resolve(cfg, 100)
 
 
 def test_configure_order_and_errors(tmp_path):
@@ -218,6 +249,9 @@ def test_tiny_run_learns_and_records_everything(data_dir, tmp_path):
                     'tokenizer', 'sampler'):
             assert key in ckpt
     assert torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)['iter_num'] == 40
+    assert torch.load(os.path.join(out, 'best.pt'), weights_only=True)['iter_num'] == summary['best_iter']
+    # written once: best.pt is the same file as ckpt.pt when the last eval was the best, a later ckpt.pt is new
+    assert os.path.samefile(os.path.join(out, 'ckpt.pt'), os.path.join(out, 'best.pt')) == (summary['best_iter'] == 40)
     # sample.py decodes a checkpoint with the run's tokenizer
     proc = subprocess.run([sys.executable, 'sample.py', f'--out_dir={out}', '--ckpt=best', '--num_samples=2',
                            '--max_new_tokens=5', '--start=!#'], cwd=REPO, capture_output=True, text=True)
@@ -252,21 +286,72 @@ def test_resume_is_exact(data_dir, tmp_path):
         assert torch.equal(wa['model'][k], wb['model'][k]), k
 
 
+STOP_AT = """
+import os, signal, sys
+import train
+real_step = train.train_step
+
+def train_step(cfg, env, run, it):  # as a scheduler would: a signal to one process, mid-run
+    if it == {it} and env.rank == {rank}:
+        os.kill(os.getpid(), signal.{sig})
+    return real_step(cfg, env, run, it)
+
+train.train_step = train_step
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def test_stop_signal_checkpoints_and_auto_resumes_exactly(data_dir, tmp_path, capsys, monkeypatch):
+    common = ['--max_iters=12', '--eval_interval=4', '--dropout=0.1']
+    full, part = str(tmp_path / 'full'), str(tmp_path / 'part')
+    assert run(data_dir, full, *common) == 0
+    real_step = train.train_step
+
+    def ctrl_c_at_step_5(cfg, env, run_, it):
+        if it == 5:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_step(cfg, env, run_, it)
+    monkeypatch.setattr(train, 'train_step', ctrl_c_at_step_5)
+    assert run(data_dir, part, *common, '--init_from=auto') == train.EXIT_STOPPED == 4  # Ctrl-C: no traceback
+    assert 'stopped at iter 6 (SIGINT); ckpt.pt is saved. Continue with' in capsys.readouterr().out
+    assert records(part, 'stopped')[-1]['iter'] == 6 and not os.path.exists(os.path.join(part, 'summary.json'))
+    assert torch.load(os.path.join(part, 'ckpt.pt'), weights_only=True)['iter_num'] == 6
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # main() gave the handlers back
+    monkeypatch.undo()
+    assert run(data_dir, part, *common, '--init_from=auto') == 0  # the same command goes on
+    wa, wb = (torch.load(os.path.join(d, 'ckpt.pt'), weights_only=True) for d in (full, part))
+    assert wa['iter_num'] == wb['iter_num'] == 12 and all(torch.equal(wa['model'][k], wb['model'][k]) for k in wa['model'])
+    assert [r['loss'] for r in records(full, 'step')] == [r['loss'] for r in records(part, 'step')]
+    summary = json.load(open(os.path.join(part, 'summary.json')))
+    assert summary['status'] == 'finished' and summary['iters'] == 12
+    # a finished run is left alone: a message, exit 0, nothing rewritten
+    before = {name: open(os.path.join(part, name)).read() for name in ('summary.json', 'config.json', 'log.jsonl')}
+    capsys.readouterr()
+    assert run(data_dir, part, *common, '--init_from=auto') == 0
+    assert 'already at max_iters=12 (iter 12): nothing to do; raise --max_iters to continue' in capsys.readouterr().out
+    assert before == {name: open(os.path.join(part, name)).read() for name in before}
+
+
 @pytest.mark.parametrize('fsdp', [False, True])
 def test_torchrun_two_processes_match_one(data_dir, tmp_path, fsdp):
-    args = ['--dataset=tiny', f'--data_dir={data_dir}', *TINY, '--gradient_accumulation_steps=2',
+    # 3 micro-batches of 4 = 12 sequences per step: 6 per process, as 2 micro-batches of 3 each
+    args = ['--dataset=tiny', f'--data_dir={data_dir}', *TINY, '--gradient_accumulation_steps=3',
             '--max_iters=6', '--eval_interval=3', '--norm=dyt', '--dyt_alpha=2.0', f'--fsdp={fsdp}',
             '--embed_scale=True']  # a 1-element parameter: FSDP2 refuses to shard a 0-dim one
     one, two = str(tmp_path / 'one'), str(tmp_path / 'two')
     train.main(args + [f'--out_dir={one}'])
     env = dict(os.environ, OMP_NUM_THREADS='1')
-    # FSDP also resumes exactly: stop after step 3, then continue (the optimizer state is gathered, then re-sharded)
-    for more in ([['--max_iters=3'], ['--init_from=resume']] if fsdp else [[]]):
+    (tmp_path / 'stop_at.py').write_text(STOP_AT.format(it=3, rank=1, sig='SIGUSR1'))
+    # FSDP is also stopped by a signal to one process after step 3, and resumes exactly with the same command
+    # (the optimizer state is gathered, written, read on rank 0, broadcast and re-sharded)
+    for script, status in ([(str(tmp_path / 'stop_at.py'), 1), ('train.py', 0)] if fsdp else [('train.py', 0)]):
         proc = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
-                               'train.py', *args, f'--out_dir={two}', *more], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        assert 'global batch: 8 sequences' in proc.stdout
+                               script, *args, f'--out_dir={two}', '--init_from=auto'], cwd=REPO,
+                              env=dict(env, PYTHONPATH=REPO), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == status, proc.stdout[-3000:] + proc.stderr[-3000:]  # torchrun: 4 becomes 1
+        assert 'global batch: 12 sequences x 16 tokens = 192 tokens/step (2 process(es) x 2 micro-batch(es)' in proc.stdout
+    if fsdp:
+        assert [r['iter'] for r in records(two, 'stopped')] == [4]
     for event, key in (('step', 'loss'), ('eval', 'val_loss'), ('eval', 'train_loss')):
         a, b = records(one, event), records(two, event)
         assert len(a) == len(b) > 0
@@ -283,9 +368,9 @@ def test_divergence_stops_cleanly(data_dir, tmp_path):
     out = str(tmp_path / 'div')
     rc = run(data_dir, out, '--learning_rate=1e6', '--decay_lr=False', '--grad_clip=0.0', '--max_iters=50',
              '--eval_interval=5')
-    assert rc == 3
+    assert rc == train.EXIT_DIVERGED == 3
     summary = json.load(open(os.path.join(out, 'summary.json')))
-    assert summary['diverged'] is True and 'non-finite' in summary['diverged_reason']
+    assert summary['status'] == 'diverged' and summary['diverged'] is True and 'non-finite' in summary['diverged_reason']
     div = records(out, 'diverged')
     assert len(div) == 1 and div[0]['diverged'] is True and div[0]['iter'] == summary['diverged_iter'] < 50
     model, ckpt = load_checkpoint(os.path.join(out, 'ckpt.pt'))  # the last good one

@@ -1,0 +1,255 @@
+"""
+Draft, to be moved into model.py (peak_flops, param_count, activation_bytes) and train.py (memory_plan,
+format_memory_plan, checkpoint_bytes): the peak FLOP/s that MFU divides by, and the GPU memory a run needs,
+printed before a big run starts.
+
+Sizes are in bytes; "per token" means per position of one sequence (a micro-batch has batch_size x block_size).
+"""
+import math
+import re
+
+import torch
+
+# ----------------------------------------------------------------------------------------------------------
+# MFU peaks
+
+# Dense (no 2:4 sparsity) tensor-core peaks in TFLOP/s: (name pattern, bfloat16, float32). NVIDIA's datasheets
+# print the sparse figure with a '*'; the dense one is half of it. float32 is the TF32 tensor-core peak, since
+# train.py turns TF32 on; V100 and T4 have no TF32 (their float32 figure is the plain FP32 peak) and no bf16.
+# A pattern matches whole words of torch.cuda.get_device_name(), ignoring case; the first match wins, so a
+# form factor ('H100 PCIe') comes before its family ('H100', which is then the SXM part, 'NVIDIA H100 80GB HBM3').
+PEAK_TFLOPS = (
+    ('H100 PCIe', 756, 378),  # H100 datasheet, PCIe column: BF16 1,513*, TF32 756*
+    ('H100 NVL', 835, 418),  # H100 NVL datasheet, per GPU: BF16 1,671*, TF32 835*
+    ('H100', 989.4, 494.7),  # H100 datasheet, SXM column: BF16 1,979*, TF32 989*
+    ('GH200', 989.4, 494.7),  # GH200 Grace Hopper Superchip datasheet: the H100 SXM figures
+    ('H200 NVL', 835, 418),  # H200 datasheet, NVL column: BF16 1,671*, TF32 835*
+    ('H200', 989.4, 494.7),  # H200 datasheet, SXM column: BF16 1,979*, TF32 989*
+    ('GB200', 2500, 1250),  # GB200 NVL72 datasheet, per GPU: FP16/BF16 5 PF*, TF32 2.5 PF*
+    ('B200', 2250, 1100),  # HGX B200 datasheet, per GPU: FP16/BF16 4.5 PF*, TF32 2.2 PF*
+    ('A100', 312, 156),  # A100 datasheet, SXM4 and PCIe alike: BF16 624*, TF32 312*
+    ('A10G', 70, 35),  # AWS's A10 variant: on no NVIDIA datasheet; approximate figures as AWS users report them
+    ('A10', 125, 62.5),  # A10 datasheet: BF16 250*, TF32 125*
+    ('L40S', 362.05, 183),  # L40S datasheet: BF16 733*, TF32 366*
+    ('L40', 181.05, 90.5),  # L40 datasheet: BF16 362.1*, TF32 181*
+    ('L4', 121, 60),  # L4 datasheet: BF16 242*, TF32 120*
+    ('RTX A6000', 154.8, 77.4),  # GA102 whitepaper v2, appendix C: BF16 with FP32 accumulate 309.7*, TF32 154.8*
+    ('RTX 4090', 165.2, 82.6),  # Ada whitepaper: BF16 with FP32 accumulate (GeForce: half the FP16-accumulate rate)
+    ('RTX 3090', 71, 35.6),  # GA102 whitepaper, appendix A: BF16 with FP32 accumulate 142*, TF32 71*
+    ('V100S', None, 16.4),  # V100S datasheet (PCIe): FP32
+    ('V100-PCIE', None, 14),  # V100 datasheet, PCIe column: FP32
+    ('V100', None, 15.7),  # V100 datasheet, SXM2 column: FP32
+    ('T4', None, 8.1),  # T4 datasheet: FP32
+)
+
+
+def peak_flops(device_name, dtype):
+    """Dense peak FLOP/s of the GPU called `device_name` (torch.cuda.get_device_name()) for matmuls in `dtype`
+    (torch.bfloat16, or torch.float32 with TF32 on; their names work too); None for a GPU not in PEAK_TFLOPS or
+    one without that dtype (V100 and T4 have no bf16): no MFU is better than one against the wrong peak."""
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    if dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"dtype={dtype} has no peak here; use torch.bfloat16 or torch.float32")
+    for pattern, bf16, fp32 in PEAK_TFLOPS:
+        if re.search(rf'\b{pattern}\b', device_name, re.IGNORECASE):
+            tflops = bf16 if dtype == torch.bfloat16 else fp32
+            return None if tflops is None else tflops * 1e12
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Parameter counts, in closed form (the tests check them against the model itself)
+
+def mlp_hidden(config):
+    """The MLP's hidden width: 4 x n_embd (GELU), or 2/3 of it rounded up to a multiple of 256 (SwiGLU)."""
+    return 256 * math.ceil(2 / 3 * 4 * config.n_embd / 256) if config.mlp == 'swiglu' else 4 * config.n_embd
+
+
+def norm_params(config, ndim):
+    weight_bias = ndim * (2 if config.bias else 1)
+    return {'layernorm': weight_bias, 'rmsnorm': ndim, 'dyt': weight_bias + 1,  # + alpha
+            'derf': weight_bias + 2, 'hardtanh': weight_bias}[config.norm]  # + alpha and shift
+
+
+def matmul_params(config):
+    """Weights of one block's linear layers: the ones autocast copies to bf16 for its matmuls."""
+    C, hd = config.n_embd, config.n_embd // config.n_head
+    kv = (config.n_kv_head or config.n_head) * hd
+    return C * (C + 2 * kv) + C * C + (3 if config.mlp == 'swiglu' else 2) * C * mlp_hidden(config)
+
+
+def block_params(config):
+    C, hd = config.n_embd, config.n_embd // config.n_head
+    kv = (config.n_kv_head or config.n_head) * hd
+    biases = (C + 2 * kv) + C + (2 if config.mlp == 'swiglu' else 1) * mlp_hidden(config) + C if config.bias else 0
+    diff = 4 * hd + 2 * hd if config.attn == 'diff' else 0  # four lambda vectors, and the per-head RMSNorm
+    return matmul_params(config) + biases + diff + 2 * norm_params(config, C)
+
+
+def root_params(config):
+    """What is not in a block: the tied token embedding / lm_head, position embeddings, final norm, embed_scale.
+    FSDP wraps these in the root module."""
+    pos = config.block_size * config.n_embd if config.pos == 'learned' else 0
+    return config.vocab_size * config.n_embd + pos + norm_params(config, config.n_embd) + config.embed_scale
+
+
+def param_count(config):
+    """Every parameter, the tied embedding once (as sum(p.numel() for p in model.parameters()) counts)."""
+    return config.n_layer * block_params(config) + root_params(config)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Activations: the tensors autograd keeps from the forward pass for the backward pass
+
+def activation_bytes(config, batch_size, dtype=torch.bfloat16, fsdp=False, compile=False):
+    """Bytes of the tensors kept for backward by one training forward pass of batch_size x block_size tokens.
+
+    Counted tensor by tensor from what each op of model.py saves (PyTorch's autograd formulas), checked in
+    tests/test_memplan_draft.py against the storages that autograd actually keeps on CPU. Assumptions:
+    - Attention runs in a flash / memory-efficient SDPA kernel: it keeps q, k, v, its output and the
+      logsumexp (H floats per token), never the T x T matrix; its dropout mask is regenerated, not kept.
+    - dtype=torch.bfloat16 is autocast: matmul inputs/outputs are bf16 (2 bytes); layer_norm and the cross
+      entropy run in float32. Parameters are float32 under DDP, which makes the residual stream float32 (the
+      embeddings are float32 and a float32 + bf16 sum is float32); FSDP's MixedPrecisionPolicy all-gathers
+      them in bf16, which makes it bf16. torch.float32 (TF32 matmuls) keeps everything in 4 bytes.
+    - A linear layer keeps its input in the compute dtype: when a norm's output is float32, each reader casts
+      its own copy (SwiGLU's c_fc and c_up: two).
+    - compile=True (inductor) recomputes pointwise ops in the backward instead of keeping their outputs: a
+      norm keeps its input, statistics and one output copy, not tanh/erf/clamp outputs nor RMSNorm's
+      normalised input; SwiGLU keeps three hidden-wide tensors, not four; the loss keeps bf16 logits and two
+      floats per row instead of float32 log-probabilities. (Measured with the CPU inductor of PyTorch 2.13.)
+    - Dropout (dropout > 0) keeps a 1-byte mask per element on CUDA after the embedding and both residual
+      branches. Activation checkpointing is not used.
+    Not counted: what is kept once per layer rather than per token (bf16 weight copies: see memory_plan)."""
+    C, H, V, T = config.n_embd, config.n_head, config.vocab_size, config.block_size
+    kv = (config.n_kv_head or H) * (C // H)
+    hidden = mlp_hidden(config)
+    act = 2 if dtype == torch.bfloat16 else 4  # matmul inputs and outputs
+    res = act if fsdp else 4  # the residual stream follows the parameters' dtype
+    f32 = 4
+    mask = C if config.dropout > 0 else 0
+
+    def norm(readers):
+        """A norm layer's kept bytes per token, its output included as the linear layers reading it keep it."""
+        if config.norm == 'layernorm':  # input (in float32 under autocast), rstd, (eager) mean; output in float32
+            own, out = f32 * C + f32 * (1 if compile else 2), f32
+        elif config.norm == 'rmsnorm':  # float32 input, 1/rms, and (eager) the normalised input
+            own, out = f32 * C + f32 + (0 if compile else f32 * C), res
+        else:  # input; eager also keeps tanh / erf / clamp's output, and Derf erf's argument
+            own, out = res * C * (1 if compile else 3 if config.norm == 'derf' else 2), res
+        copies = 1 if out == act or compile else readers  # inductor casts once for all readers
+        return own + copies * act * C
+
+    def attention():
+        qkv = act * (C + 2 * kv)
+        # q is a view of qkv that keeps it whole, unless RoPE turned q into a new tensor. The rotation itself keeps
+        # nothing: cos and sin need no gradient. SDPA puts its output in (B, T, H, hd) layout when q is a view of
+        # qkv, so c_proj's input is the same storage; for a rotated q it is a copy.
+        q = act * C if config.pos == 'rope' else qkv
+        c_proj_in = act * C if config.pos == 'rope' else 0
+        if config.attn == 'standard':  # k and v repeated to n_head heads (a copy, even without GQA); output, lse
+            return q + 2 * act * C + act * C + f32 * H + c_proj_in
+        # Differential: paired k (C), v repeated for both maps (2C), two SDPA outputs and lse's, their concatenation
+        # (2C, kept for lambda's gradient); subln keeps its float32 input and normalised input (eager only) and 1/rms
+        # (H/2 per token); c_proj reads a contiguous copy (C)
+        subln = (0 if compile else 2 * f32 * C) + f32 * H // 2
+        return q + act * C + 2 * act * C + 2 * (act * C + f32 * H) + 2 * act * C + subln + act * C
+
+    mlp = (3 if compile else 4) * act * hidden if config.mlp == 'swiglu' else 2 * act * hidden
+    layer = norm(1) + attention() + mask + norm(2 if config.mlp == 'swiglu' else 1) + mlp + mask
+    loss = act * V + 2 * f32 if compile else f32 * V
+    outside = (8 + 8  # token ids kept by the embedding, targets by the loss
+               + (res * C if config.embed_scale else 0) + mask + norm(1) + loss)
+    positions = 8 * T if config.pos == 'learned' else 0  # the position ids, shared by the batch
+    return batch_size * T * (config.n_layer * layer + outside) + positions
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The memory plan of a run, and the size of its checkpoints
+
+def memory_plan(config, batch_size, world_size, fsdp, dtype, compile=False, micro_steps=1):
+    """GPU memory of one train.py process, in bytes, by what holds it (a dict; 'total' adds them all up).
+
+    Conventions of train.py: float32 master weights, float32 gradients, fused AdamW (two float32 moments per
+    parameter), one micro-batch of batch_size x block_size tokens at a time (activations: activation_bytes).
+    - DDP: every process holds all weights, gradients and moments, plus DDP's gradient buckets, one more copy
+      of the gradients (train.py leaves gradient_as_bucket_view off). Under bf16 autocast the matmuls read
+      bf16 copies of their weights, which autograd keeps until the layer's backward: 2 bytes per matmul weight.
+    - FSDP2 (fully_shard per block, then the root): weights, gradients and moments are sharded 1/world_size each.
+      The all-gathered weights are in the compute dtype: the root's (tied embedding, positions, final norm) from
+      the forward to the end of the backward (FSDP2 does not reshard the root after forward), and two blocks'
+      (the one computing and the one prefetched). Unsharded gradients wait for their reduce-scatter in the
+      compute dtype plus a float32 copy (reduce_dtype): the root's, whose tied-embedding gradient starts at
+      lm_head and ends at the embedding, and one block's. With micro_steps > 1 (gradient accumulation per
+      process), the steps that do not synchronise accumulate unsharded float32 gradients of the whole model.
+    - 'logits': the loss's backward on top of the activations: train.py's `_` still holds the logits, and the
+      backward makes float32 gradients of the log-probabilities and of the logits (eager), or two compute-dtype
+      sized buffers (inductor; measured on CPU).
+    The total adds everything as if all of it were alive at once (the peak is at the start of the backward;
+    the first micro-step's gradients do not exist yet then), so it is an upper bound by a few transient terms.
+    Not counted: the CUDA context, NCCL's buffers, the compiler's workspace and the allocator's fragmentation
+    (together often 1-3 GiB): keep the total well under the GPU's memory."""
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    act = 2 if dtype == torch.bfloat16 else 4
+    n, shard = param_count(config), world_size if fsdp else 1
+    V, C = config.vocab_size, config.n_embd
+    if fsdp:
+        root, block = root_params(config), block_params(config)
+        grad = act + (4 if act != 4 else 0)  # the float32 copy for the reduce-scatter, unless already float32
+        fsdp_buffers = act * (root + 2 * block) + grad * (root + block) + (4 * n if micro_steps > 1 else 0)
+    plan = {
+        'parameters': 4 * n / shard,
+        'gradients': 4 * n / shard,
+        'optimizer': 8 * n / shard,
+        'ddp_buckets': 4 * n if not fsdp and world_size > 1 else 0,
+        'fsdp_buffers': fsdp_buffers if fsdp else 0,
+        'weight_copies': 2 * (config.n_layer * matmul_params(config) + V * C) if act == 2 and not fsdp else 0,
+        'activations': activation_bytes(config, batch_size, dtype, fsdp, compile),
+        'logits': batch_size * config.block_size * V * (2 * act if compile else act + 8),
+    }
+    plan['total'] = sum(plan.values())
+    return plan
+
+
+PLAN_LABELS = {
+    'parameters': 'weights (float32)',
+    'gradients': 'gradients (float32)',
+    'optimizer': 'AdamW moments (float32)',
+    'ddp_buckets': 'DDP gradient buckets',
+    'fsdp_buffers': 'FSDP gathered weights, unsharded gradients',
+    'weight_copies': 'autocast bf16 weight copies',
+    'activations': 'activations (one micro-batch)',
+    'logits': 'loss backward (logits, gradients)',
+}
+
+
+def format_memory_plan(plan, device_memory=None):
+    """Printable lines of a memory_plan, in GiB; with device_memory (bytes, as
+    torch.cuda.get_device_properties(d).total_memory gives it), the share of it and a warning line when the
+    plan does not fit (a note when it fills more than 90%: what the plan leaves out needs room too)."""
+    gib = 2 ** 30
+    lines = ['GPU memory per process (estimate):']
+    lines += [f'  {PLAN_LABELS[k]:<44}{v / gib:8.2f} GiB' for k, v in plan.items() if k in PLAN_LABELS and v]
+    total = plan['total']
+    of = f' of {device_memory / gib:.2f} GiB ({total / device_memory:.0%})' if device_memory else ''
+    lines.append(f'  {"total":<44}{total / gib:8.2f} GiB{of}')
+    if device_memory and total > device_memory:
+        lines.append(f'warning: this run needs about {total / gib:.1f} GiB per GPU, more than the '
+                     f'{device_memory / gib:.1f} GiB it has: use fsdp=True, more GPUs, or a smaller batch_size '
+                     'with more gradient_accumulation_steps')
+    elif device_memory and total > 0.9 * device_memory:
+        lines.append('note: over 90% of the GPU\'s memory; the CUDA context, NCCL and fragmentation (not counted) '
+                     'need room too')
+    return lines
+
+
+def checkpoint_bytes(config):
+    """Size of a train.py checkpoint (ckpt.pt, best.pt) by part, in bytes: the float32 weights ('model') and
+    AdamW's two float32 moments ('optimizer'); the step counters and the pickled metadata add a few KB.
+    The tied embedding is written twice: train.py gathers the state with get_model_state_dict(full_state_dict=
+    True, cpu_offload=True), which copies transformer.wte.weight and lm_head.weight to the CPU one key at a
+    time, so the two keys no longer share a storage and torch.save writes both. Rank 0 holds all of it in host
+    RAM while torch.save streams it to the file: the host RAM a save needs is about 'total'."""
+    n = param_count(config)
+    model = 4 * (n + config.vocab_size * config.n_embd)
+    return {'model': model, 'optimizer': 8 * n, 'total': model + 8 * n}

@@ -1,0 +1,280 @@
+"""memplan_draft.py: MFU peaks by GPU name, parameter counts, activation bytes, the memory plan, checkpoint size.
+
+Every figure is checked against something computed another way: datasheet numbers written out here, counts of a
+meta-device model, the storages autograd keeps on CPU, a checkpoint written the way train.py writes it."""
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+import torch.nn as nn
+
+from memplan_draft import (activation_bytes, checkpoint_bytes, format_memory_plan, memory_plan, param_count,
+                           peak_flops)
+from model import GPT, GPTConfig
+
+BF16, FP32 = torch.bfloat16, torch.float32
+
+# (torch.cuda.get_device_name(), dtype, dense TFLOP/s from the datasheet, or None)
+PEAKS = [
+    ('NVIDIA H100 80GB HBM3', BF16, 989.4), ('NVIDIA H100 80GB HBM3', FP32, 494.7),  # SXM
+    ('NVIDIA H100 PCIe', BF16, 756), ('NVIDIA H100 PCIe', FP32, 378),
+    ('NVIDIA H100 NVL', BF16, 835), ('NVIDIA H100 NVL', FP32, 418),
+    ('NVIDIA H200', BF16, 989.4), ('NVIDIA H200 NVL', BF16, 835), ('NVIDIA GH200 480GB', FP32, 494.7),
+    ('NVIDIA B200', BF16, 2250), ('NVIDIA GB200', BF16, 2500), ('NVIDIA B200', FP32, 1100),
+    ('NVIDIA A100-SXM4-80GB', BF16, 312), ('NVIDIA A100-SXM4-40GB', FP32, 156),
+    ('NVIDIA A100-PCIE-40GB', BF16, 312), ('NVIDIA A100 80GB PCIe', FP32, 156),
+    ('NVIDIA A10G', BF16, 70), ('NVIDIA A10', BF16, 125), ('NVIDIA A10', FP32, 62.5),
+    ('NVIDIA L4', BF16, 121), ('NVIDIA L4', FP32, 60), ('NVIDIA L40S', BF16, 362.05), ('NVIDIA L40S', FP32, 183),
+    ('NVIDIA L40', BF16, 181.05),
+    ('NVIDIA RTX A6000', BF16, 154.8), ('NVIDIA GeForce RTX 4090', BF16, 165.2), ('NVIDIA GeForce RTX 4090', FP32, 82.6),
+    ('NVIDIA GeForce RTX 3090', BF16, 71), ('NVIDIA GeForce RTX 3090', FP32, 35.6),
+    ('Tesla V100-SXM2-32GB', BF16, None), ('Tesla V100-SXM2-32GB', FP32, 15.7), ('Tesla V100-PCIE-16GB', FP32, 14),
+    ('Tesla V100S-PCIE-32GB', FP32, 16.4), ('Tesla T4', BF16, None), ('Tesla T4', FP32, 8.1),
+    # not in the table: no MFU rather than a wrong one (RTX A1000 contains 'A100' and 'A10' as substrings)
+    ('NVIDIA RTX A1000', BF16, None), ('NVIDIA RTX 6000 Ada Generation', BF16, None), ('NVIDIA H800', BF16, None),
+    ('NVIDIA GeForce GTX 1080 Ti', FP32, None),
+]
+
+
+@pytest.mark.parametrize('name,dtype,tflops', PEAKS)
+def test_peak_flops_by_device_name_and_dtype(name, dtype, tflops):
+    expected = None if tflops is None else pytest.approx(tflops * 1e12)
+    assert peak_flops(name, dtype) == expected
+    assert peak_flops(name, str(dtype).removeprefix('torch.')) == expected  # train.py's dtype names work too
+
+
+def test_peak_flops_refuses_a_dtype_it_has_no_figure_for():
+    with pytest.raises(ValueError, match='float16'):
+        peak_flops('NVIDIA H100 80GB HBM3', torch.float16)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Parameter counts
+
+VARIANTS = [dict(), dict(norm='dyt'), dict(norm='derf', bias=True), dict(norm='hardtanh'), dict(norm='rmsnorm'),
+            dict(norm='dyt', bias=True, mlp='swiglu'), dict(attn='diff'), dict(pos='rope', n_kv_head=2),
+            dict(attn='diff', pos='rope', n_kv_head=2, mlp='swiglu', norm='rmsnorm'), dict(embed_scale=True)]
+# the study's shapes (config/gpt2_*.py): GPT-2 style, no bias, vocabulary 50304, block 512
+STUDY = {'64m': (12, 8, 512), '1.3b': (24, 32, 2048), '3.78b': (32, 32, 3072)}
+
+
+def study_config(scale, **kw):
+    n_layer, n_head, n_embd = STUDY[scale]
+    return GPTConfig(block_size=512, vocab_size=50304, n_layer=n_layer, n_head=n_head, n_embd=n_embd, bias=False, **kw)
+
+
+def meta_model(config):
+    with torch.device('meta'):
+        return GPT(config)
+
+
+@pytest.mark.parametrize('kw', VARIANTS + [{'scale': s} for s in STUDY])
+def test_param_count_matches_the_model(kw):
+    kw = dict(kw)
+    config = study_config(kw.pop('scale')) if 'scale' in kw else GPTConfig(
+        block_size=64, vocab_size=100, n_layer=3, n_head=4, n_embd=96, **{'bias': False, **kw})
+    assert param_count(config) == sum(p.numel() for p in meta_model(config).parameters())  # tied weight once
+
+
+@pytest.mark.parametrize('scale,expected', [('64m', 63_779_328), ('1.3b', 1_312_131_072), ('3.78b', 3_780_185_088)])
+def test_param_counts_of_the_study_scales(scale, expected):
+    """GPT-2 without biases: 12 C^2 + 2 C (two LayerNorm weights) per block, plus the tied embedding, positions and
+    the final LayerNorm, (V + T + 1) C. The names of the scales are these counts."""
+    L, _, C = STUDY[scale]
+    assert param_count(study_config(scale)) == L * (12 * C * C + 2 * C) + (50304 + 512 + 1) * C == expected
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Activations: the formula against the storages autograd keeps on CPU
+
+def saved_for_backward(model, idx, targets, autocast, params_of=None):
+    """(bytes of the distinct storages autograd keeps for backward, bf16 weight copies among them). Parameters
+    and buffers (of params_of, the compiled model's module) are not counted; a bf16 tensor equal to a
+    parameter's bf16 cast (or its transpose) is autocast's weight copy."""
+    params_of = params_of or model
+    own = {t.untyped_storage().data_ptr() for t in [*params_of.parameters(), *params_of.buffers()]}
+    weights = [p.detach().to(torch.bfloat16) for p in params_of.parameters() if p.dim() == 2]
+    kept, copies = {}, {}
+
+    def is_weight_copy(t):
+        return t.dtype == torch.bfloat16 and any(t.shape == w.shape and torch.equal(t, w) for w in
+                                                 [*weights, *(w.t() for w in weights)])
+
+    def pack(t):
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key not in own:
+            (copies if is_weight_copy(t.detach()) else kept)[key] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
+            model(idx, targets)
+    return sum(kept.values()), sum(copies.values())
+
+
+def small_config(**kw):
+    # vocabulary, tokens per micro-batch and widths all differ, so that no activation has a weight's shape
+    return GPTConfig(block_size=32, vocab_size=96, n_layer=2, n_head=4, n_embd=64, **{'bias': False, **kw})
+
+
+def measure(config, batch_size=2, autocast=False, bf16_weights=False, attn_dropout=True, compile=False):
+    torch.manual_seed(0)
+    model = GPT(config)
+    if bf16_weights:  # what FSDP's MixedPrecisionPolicy(param_dtype=bfloat16) all-gathers
+        model = model.to(torch.bfloat16)
+    if not attn_dropout:
+        for block in model.transformer.h:
+            block.attn.dropout = 0.0
+    idx, targets = (torch.randint(0, config.vocab_size, (batch_size, config.block_size)) for _ in range(2))
+    if compile:
+        torch._dynamo.reset()  # a fresh compile for each model, clear of the recompilation limit
+        return saved_for_backward(torch.compile(model), idx, targets, autocast, params_of=model)
+    return saved_for_backward(model, idx, targets, autocast)
+
+
+@pytest.mark.parametrize('kw', VARIANTS)
+def test_activation_bytes_float32(kw):
+    """float32 (no autocast): every kept tensor has 4 bytes a value; CPU's SDPA, like CUDA's flash kernel,
+    keeps q, k, v, the output and the logsumexp only."""
+    config = small_config(**kw)
+    kept, _ = measure(config)
+    assert activation_bytes(config, 2, FP32) == pytest.approx(kept, rel=0.01)
+
+
+@pytest.mark.parametrize('kw', VARIANTS)
+def test_activation_bytes_bf16_autocast_and_weight_copies(kw):
+    """bf16 autocast with float32 weights (DDP): matmuls keep bf16 inputs; the residual stream, layer_norm and the
+    loss stay float32. CPU's autocast agrees with CUDA's here (layer_norm sees float32 inputs either way). The
+    bf16 copies of the weights that autograd keeps are the plan's weight_copies."""
+    config = small_config(**kw)
+    kept, copies = measure(config, autocast=True)
+    assert activation_bytes(config, 2, BF16) == pytest.approx(kept, rel=0.01)
+    plan = memory_plan(config, 2, world_size=8, fsdp=False, dtype=BF16)
+    assert plan['weight_copies'] == copies
+
+
+@pytest.mark.parametrize('kw', [dict(norm='dyt', mlp='swiglu'), dict(norm='derf'), dict(norm='hardtanh', bias=True),
+                                dict(norm='rmsnorm', attn='diff')])
+def test_activation_bytes_with_bf16_weights(kw):
+    """FSDP all-gathers bf16 weights: the residual stream is bf16 too. (LayerNorm is left out: CUDA's autocast
+    runs it in float32, CPU's in bf16, so CPU cannot stand in for it.)"""
+    config = small_config(**kw)
+    kept, _ = measure(config, autocast=True, bf16_weights=True)
+    assert activation_bytes(config, 2, BF16, fsdp=True) == pytest.approx(kept, rel=0.01)
+
+
+@pytest.mark.parametrize('kw', [dict(), dict(norm='dyt', mlp='swiglu', pos='rope', n_kv_head=2)])
+def test_activation_bytes_compiled(kw):
+    """torch.compile (inductor, here its CPU backend: ~20 s a model) recomputes pointwise ops in the backward
+    rather than keeping them. Its choices are not all modelled (it keeps, e.g., the position embeddings of a
+    batch, or one tensor fewer with RoPE), hence 3%; the bf16 weight copies stay."""
+    config = small_config(**kw)
+    kept, copies = measure(config, autocast=True, compile=True)
+    assert activation_bytes(config, 2, BF16, compile=True) == pytest.approx(kept, rel=0.03)
+    assert memory_plan(config, 2, world_size=8, fsdp=False, dtype=BF16, compile=True)['weight_copies'] == copies
+    assert activation_bytes(config, 2, BF16, compile=True) < 0.95 * activation_bytes(config, 2, BF16)
+
+
+def test_dropout_masks_one_per_element_of_each_dropout():
+    """CUDA's fused dropout keeps a 1-byte mask; CPU's keeps its scaled noise in the input's dtype (4 bytes here),
+    so the test compares the number of mask elements. Attention dropout is off: CUDA's flash kernel regenerates
+    its mask, while CPU's SDPA would fall back to the math kernel and keep the T x T probabilities."""
+    plain, dropped = small_config(), small_config(dropout=0.1)
+    masks = measure(dropped, attn_dropout=False)[0] - measure(plain)[0]
+    assert masks / 4 == activation_bytes(dropped, 2, FP32) - activation_bytes(plain, 2, FP32)
+    assert masks / 4 == 2 * 32 * 64 * (1 + 2 * 2)  # tokens x n_embd x (embedding + 2 per block x 2 blocks)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The plan
+
+def linear_weights(model):
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))  # lm_head: the tied weight
+
+
+@pytest.mark.parametrize('kw', [dict(), dict(attn='diff', mlp='swiglu', norm='dyt', pos='rope', n_kv_head=2)])
+def test_memory_plan_ddp(kw):
+    config = small_config(**kw)
+    model = meta_model(config)
+    n = sum(p.numel() for p in model.parameters())
+    plan = memory_plan(config, 4, world_size=8, fsdp=False, dtype=BF16)
+    assert (plan['parameters'], plan['gradients'], plan['optimizer'], plan['ddp_buckets']) == (4 * n, 4 * n, 8 * n, 4 * n)
+    assert plan['fsdp_buffers'] == 0
+    assert plan['weight_copies'] == 2 * linear_weights(model)
+    assert plan['activations'] == activation_bytes(config, 4, BF16)
+    assert plan['logits'] == 4 * 32 * 96 * (2 + 4 + 4)  # bf16 logits held by train.py, two float32 gradients
+    assert plan['total'] == sum(v for k, v in plan.items() if k != 'total')
+    single = memory_plan(config, 4, world_size=1, fsdp=False, dtype=FP32)  # no DDP wrapper, no autocast
+    assert (single['ddp_buckets'], single['weight_copies']) == (0, 0)
+    assert single['logits'] == 4 * 32 * 96 * (4 + 4 + 4)
+
+
+def test_memory_plan_fsdp():
+    config = small_config(norm='dyt')
+    model = meta_model(config)
+    n = sum(p.numel() for p in model.parameters())
+    block = sum(p.numel() for p in model.transformer.h[0].parameters())
+    root = n - config.n_layer * block  # embeddings, final norm: FSDP's root module
+    plan = memory_plan(config, 4, world_size=8, fsdp=True, dtype=BF16)
+    assert (plan['parameters'], plan['gradients'], plan['optimizer']) == (n / 2, n / 2, n)  # 4, 4 and 8 bytes / 8
+    assert (plan['ddp_buckets'], plan['weight_copies']) == (0, 0)
+    # bf16 gathered weights of the root and two blocks; the root's and one block's gradient in bf16 + float32
+    assert plan['fsdp_buffers'] == 2 * (root + 2 * block) + (2 + 4) * (root + block)
+    assert plan['activations'] == activation_bytes(config, 4, BF16, fsdp=True)
+    accumulating = memory_plan(config, 4, world_size=8, fsdp=True, dtype=BF16, micro_steps=2)
+    assert accumulating['fsdp_buffers'] - plan['fsdp_buffers'] == 4 * n  # unsharded float32 gradients
+    fp32 = memory_plan(config, 4, world_size=8, fsdp=True, dtype=FP32)
+    assert fp32['fsdp_buffers'] == 4 * (root + 2 * block) + 4 * (root + block)  # no copy for the reduce-scatter
+
+
+def test_format_memory_plan_warns_when_the_plan_does_not_fit():
+    plan = memory_plan(study_config('3.78b'), 8, world_size=8, fsdp=False, dtype=BF16, compile=True)
+    gib = 2 ** 30
+    h100 = 80 * gib
+    lines = format_memory_plan(plan, h100)
+    assert f'{plan["total"] / gib:8.2f} GiB of 80.00 GiB' in lines[-2] and lines[-1].startswith('warning:')
+    assert 'DDP gradient buckets' in '\n'.join(lines) and 'FSDP' not in '\n'.join(lines)  # zero entries left out
+    assert not any(line.startswith(('warning', 'note')) for line in format_memory_plan(plan, 2 * h100))
+    assert format_memory_plan(plan, plan['total'] / 0.95)[-1].startswith('note:')
+    assert not any('%' in line for line in format_memory_plan(plan))  # without a device: the figures alone
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Checkpoint size: written the way train.py writes it, from FSDP shards
+
+def save_like_train(rank, world, port, path):
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+    from torch.distributed.fsdp import fully_shard
+    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
+    dist.init_process_group('gloo', rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=64, vocab_size=1000, n_layer=2, n_head=4, n_embd=128, bias=False))
+    for block in model.transformer.h:
+        fully_shard(block)
+    fully_shard(model)
+    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu')
+    full_state = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = {'model': get_model_state_dict(model, options=full_state),  # the optimizer's moments are created here
+             'optimizer': get_optimizer_state_dict(model, optimizer, options=full_state)}
+    if rank == 0:
+        torch.save(state, path)
+    dist.destroy_process_group()
+
+
+def test_checkpoint_bytes_match_a_checkpoint_gathered_from_fsdp_shards(tmp_path):
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    path = str(tmp_path / 'ckpt.pt')
+    mp.spawn(save_like_train, args=(2, port, path), nprocs=2)
+    config = GPTConfig(block_size=64, vocab_size=1000, n_layer=2, n_head=4, n_embd=128, bias=False)
+    size = checkpoint_bytes(config)
+    n = sum(p.numel() for p in meta_model(config).parameters())
+    assert size['model'] == 4 * (n + 1000 * 128)  # the tied embedding twice: wte and lm_head are copied apart
+    assert size['optimizer'] == 8 * n
+    assert os.path.getsize(path) == pytest.approx(size['total'], rel=0.02)  # + steps, keys, zip headers
