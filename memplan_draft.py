@@ -101,7 +101,7 @@ def param_count(config):
 # ----------------------------------------------------------------------------------------------------------
 # Activations: the tensors autograd keeps from the forward pass for the backward pass
 
-def activation_bytes(config, batch_size, dtype=torch.bfloat16, fsdp=False, compile=False):
+def activation_bytes(config, batch_size, dtype=torch.bfloat16, bf16_weights=False, compile=False):
     """Bytes of the tensors kept for backward by one training forward pass of batch_size x block_size tokens.
 
     Counted tensor by tensor from what each op of model.py saves (PyTorch's autograd formulas), checked in
@@ -109,9 +109,9 @@ def activation_bytes(config, batch_size, dtype=torch.bfloat16, fsdp=False, compi
     - Attention runs in a flash / memory-efficient SDPA kernel: it keeps q, k, v, its output and the
       logsumexp (H floats per token), never the T x T matrix; its dropout mask is regenerated, not kept.
     - dtype=torch.bfloat16 is autocast: matmul inputs/outputs are bf16 (2 bytes); layer_norm and the cross
-      entropy run in float32. Parameters are float32 under DDP, which makes the residual stream float32 (the
-      embeddings are float32 and a float32 + bf16 sum is float32); FSDP's MixedPrecisionPolicy all-gathers
-      them in bf16, which makes it bf16. torch.float32 (TF32 matmuls) keeps everything in 4 bytes.
+      entropy run in float32. float32 weights (train.py, DDP and FSDP alike) make the residual stream float32
+      (the embeddings are float32, and a float32 + bf16 sum is float32); bf16_weights=True (FSDP with
+      MixedPrecisionPolicy(param_dtype=torch.bfloat16)) makes it bf16. torch.float32 (TF32 matmuls): 4 bytes.
     - A linear layer keeps its input in the compute dtype: when a norm's output is float32, each reader casts
       its own copy (SwiGLU's c_fc and c_up: two).
     - compile=True (inductor) recomputes pointwise ops in the backward instead of keeping their outputs: a
@@ -125,7 +125,7 @@ def activation_bytes(config, batch_size, dtype=torch.bfloat16, fsdp=False, compi
     kv = (config.n_kv_head or H) * (C // H)
     hidden = mlp_hidden(config)
     act = 2 if dtype == torch.bfloat16 else 4  # matmul inputs and outputs
-    res = act if fsdp else 4  # the residual stream follows the parameters' dtype
+    res = act if bf16_weights else 4  # the residual stream follows the weights' dtype
     f32 = 4
     mask = C if config.dropout > 0 else 0
 
@@ -167,44 +167,49 @@ def activation_bytes(config, batch_size, dtype=torch.bfloat16, fsdp=False, compi
 # ----------------------------------------------------------------------------------------------------------
 # The memory plan of a run, and the size of its checkpoints
 
-def memory_plan(config, batch_size, world_size, fsdp, dtype, compile=False, micro_steps=1):
+def memory_plan(config, batch_size, world_size, fsdp, dtype, compile=False, fsdp_param_dtype=torch.float32):
     """GPU memory of one train.py process, in bytes, by what holds it (a dict; 'total' adds them all up).
 
     Conventions of train.py: float32 master weights, float32 gradients, fused AdamW (two float32 moments per
     parameter), one micro-batch of batch_size x block_size tokens at a time (activations: activation_bytes).
     - DDP: every process holds all weights, gradients and moments, plus DDP's gradient buckets, one more copy
-      of the gradients (train.py leaves gradient_as_bucket_view off). Under bf16 autocast the matmuls read
-      bf16 copies of their weights, which autograd keeps until the layer's backward: 2 bytes per matmul weight.
-    - FSDP2 (fully_shard per block, then the root): weights, gradients and moments are sharded 1/world_size each.
-      The all-gathered weights are in the compute dtype: the root's (tied embedding, positions, final norm) from
+      of the gradients (train.py leaves gradient_as_bucket_view off). A single process has no DDP.
+    - FSDP2 (fully_shard per block, then the root): weights, gradients and moments are sharded 1/world_size
+      each. All-gathered weights, in fsdp_param_dtype: the root's (tied embedding, positions, final norm) from
       the forward to the end of the backward (FSDP2 does not reshard the root after forward), and two blocks'
-      (the one computing and the one prefetched). Unsharded gradients wait for their reduce-scatter in the
-      compute dtype plus a float32 copy (reduce_dtype): the root's, whose tied-embedding gradient starts at
-      lm_head and ends at the embedding, and one block's. With micro_steps > 1 (gradient accumulation per
-      process), the steps that do not synchronise accumulate unsharded float32 gradients of the whole model.
+      (the one computing and the one prefetched). Unsharded gradients wait for their reduce-scatter (after
+      every micro-step): the root's, whose tied-embedding gradient starts at lm_head and ends at the
+      embedding, and one block's; in fsdp_param_dtype, plus a float32 copy (reduce_dtype) when that is bf16.
+    - bf16 autocast with float32 weights (DDP, and FSDP as train.py runs it) casts each matmul weight to bf16,
+      and autograd keeps the copy until that layer's backward: 2 bytes per matmul weight of the whole model,
+      not sharded by FSDP (compiled graphs keep them too: measured on CPU). With fsdp_param_dtype=torch.bfloat16
+      (MixedPrecisionPolicy) the gathered weights are already bf16: no copies, and a bf16 residual stream.
     - 'logits': the loss's backward on top of the activations: train.py's `_` still holds the logits, and the
       backward makes float32 gradients of the log-probabilities and of the logits (eager), or two compute-dtype
       sized buffers (inductor; measured on CPU).
-    The total adds everything as if all of it were alive at once (the peak is at the start of the backward;
-    the first micro-step's gradients do not exist yet then), so it is an upper bound by a few transient terms.
+    The total adds everything as if all of it were alive at once (the peak is at the start of the backward,
+    when the first micro-step's gradients do not exist yet), so it is an upper bound by a few transient terms.
     Not counted: the CUDA context, NCCL's buffers, the compiler's workspace and the allocator's fragmentation
     (together often 1-3 GiB): keep the total well under the GPU's memory."""
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     act = 2 if dtype == torch.bfloat16 else 4
+    bf16_weights = fsdp and fsdp_param_dtype == torch.bfloat16
+    if bf16_weights and act == 4:
+        raise ValueError("fsdp_param_dtype=torch.bfloat16 needs dtype=torch.bfloat16 (autocast)")
     n, shard = param_count(config), world_size if fsdp else 1
-    V, C = config.vocab_size, config.n_embd
+    fsdp_buffers = 0
     if fsdp:
-        root, block = root_params(config), block_params(config)
-        grad = act + (4 if act != 4 else 0)  # the float32 copy for the reduce-scatter, unless already float32
-        fsdp_buffers = act * (root + 2 * block) + grad * (root + block) + (4 * n if micro_steps > 1 else 0)
+        root, block, gathered = root_params(config), block_params(config), 2 if bf16_weights else 4
+        fsdp_buffers = gathered * (root + 2 * block) + (gathered + 4 * bf16_weights) * (root + block)
+    V, C = config.vocab_size, config.n_embd
     plan = {
         'parameters': 4 * n / shard,
         'gradients': 4 * n / shard,
         'optimizer': 8 * n / shard,
         'ddp_buckets': 4 * n if not fsdp and world_size > 1 else 0,
-        'fsdp_buffers': fsdp_buffers if fsdp else 0,
-        'weight_copies': 2 * (config.n_layer * matmul_params(config) + V * C) if act == 2 and not fsdp else 0,
-        'activations': activation_bytes(config, batch_size, dtype, fsdp, compile),
+        'fsdp_buffers': fsdp_buffers,
+        'weight_copies': 2 * (config.n_layer * matmul_params(config) + V * C) if act == 2 and not bf16_weights else 0,
+        'activations': activation_bytes(config, batch_size, dtype, bf16_weights, compile),
         'logits': batch_size * config.block_size * V * (2 * act if compile else act + 8),
     }
     plan['total'] = sum(plan.values())

@@ -326,7 +326,12 @@ def main(argv):
 
 
 def setup(cfg):
-    """Processes (torchrun sets RANK...), device, precision and the stop signals."""
+    """Processes (torchrun's variables, or Slurm's under srun), device, precision and the stop signals."""
+    if 'RANK' not in os.environ and int(os.environ.get('SLURM_NTASKS', 1)) > 1:  # srun: one task per GPU
+        if 'MASTER_ADDR' not in os.environ:
+            raise SystemExit('error: under srun, export MASTER_ADDR (the first node) and MASTER_PORT (README "Training")')
+        os.environ.update(RANK=os.environ['SLURM_PROCID'], LOCAL_RANK=os.environ['SLURM_LOCALID'],
+                          WORLD_SIZE=os.environ['SLURM_NTASKS'], MASTER_PORT=os.environ.get('MASTER_PORT', '29500'))
     ddp = 'RANK' in os.environ
     rank, local_rank, world = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE')) if ddp else (0, 0, 1)
     resolve(cfg, world)

@@ -344,9 +344,10 @@ def test_torchrun_two_processes_match_one(data_dir, tmp_path, fsdp):
     (tmp_path / 'stop_at.py').write_text(STOP_AT.format(it=3, rank=1, sig='SIGUSR1'))
     # FSDP is also stopped by a signal to one process after step 3, and resumes exactly with the same command
     # (the optimizer state is gathered, written, read on rank 0, broadcast and re-sharded)
+    # DDP runs compiled (wrapped, then compiled: its all-reduce overlaps the backward) against the eager single process
     for script, status in ([(str(tmp_path / 'stop_at.py'), 1), ('train.py', 0)] if fsdp else [('train.py', 0)]):
         proc = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
-                               script, *args, f'--out_dir={two}', '--init_from=auto'], cwd=REPO,
+                               script, *args, f'--out_dir={two}', '--init_from=auto', f'--compile={not fsdp}'], cwd=REPO,
                               env=dict(env, PYTHONPATH=REPO), capture_output=True, text=True, timeout=300)
         assert proc.returncode == status, proc.stdout[-3000:] + proc.stderr[-3000:]  # torchrun: 4 becomes 1
         assert 'global batch: 12 sequences x 16 tokens = 192 tokens/step (2 process(es) x 2 micro-batch(es)' in proc.stdout
