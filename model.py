@@ -14,6 +14,7 @@ import hashlib
 import math
 import os
 import pickle
+import re
 import zipfile
 from dataclasses import dataclass
 
@@ -25,7 +26,6 @@ from torch.nn import functional as F
 SAT_THRESHOLDS = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0)  # |alpha*x| cut-offs of the saturation measure (Verma 2026)
 NORMS = ('layernorm', 'rmsnorm', 'dyt', 'derf', 'hardtanh')  # the `norm` flag's values
 POINTWISE = ('dyt', 'derf')  # norms that squash each value alone: they have an alpha and a saturation
-PEAK_FLOPS = {'A100': 312e12, 'H100': 989e12, 'H200': 989e12}  # dense bf16, by GPU name
 
 
 @dataclass
@@ -456,16 +456,16 @@ class GPT(nn.Module):
                   {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == 'cuda')
 
-    def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops=None):
-        """Model FLOPs utilization (PaLM appendix B), or None when the device's peak is unknown (e.g. CPU)."""
-        if peak_flops is None and torch.cuda.is_available():
-            name = torch.cuda.get_device_name()
-            peak_flops = next((flops for gpu, flops in PEAK_FLOPS.items() if gpu in name), None)
-        if peak_flops is None:
+    def estimate_mfu(self, fwdbwd_per_iter, dt, peak=None, dtype=torch.bfloat16):
+        """Model FLOPs utilization (PaLM appendix B) against `peak` FLOP/s, by default the GPU's dense peak for
+        `dtype` (peak_flops); None when it is unknown (e.g. on a CPU)."""
+        if peak is None and torch.cuda.is_available():
+            peak = peak_flops(torch.cuda.get_device_name(), dtype)
+        if peak is None:
             return None
         cfg = self.config  # nanoGPT's count: Differential Attention's second softmax map is not counted
         flops_per_token = 6 * self.get_num_params() + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
-        return flops_per_token * cfg.block_size * fwdbwd_per_iter / dt / peak_flops
+        return flops_per_token * cfg.block_size * fwdbwd_per_iter / dt / peak
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
@@ -483,6 +483,54 @@ class GPT(nn.Module):
                 next_id = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
             idx = torch.cat((idx, next_id), dim=1)
         return idx
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The peak FLOP/s that MFU divides by
+
+# Dense (no 2:4 sparsity) tensor-core peaks in TFLOP/s: (name pattern, bfloat16, float32). NVIDIA's datasheets
+# print the sparse figure with a '*'; the dense one is half of it. float32 is the TF32 tensor-core peak, since
+# train.py turns TF32 on; V100 and T4 have no TF32 (their float32 figure is the plain FP32 peak) and no bf16.
+# A pattern matches whole words of torch.cuda.get_device_name(), ignoring case; the first match wins, so a
+# form factor ('H100 PCIe') comes before its family ('H100', which is then the SXM part, 'NVIDIA H100 80GB HBM3').
+PEAK_TFLOPS = (
+    ('H100 PCIe', 756, 378),  # H100 datasheet, PCIe column: BF16 1,513*, TF32 756*
+    ('H100 NVL', 835, 418),  # H100 NVL datasheet, per GPU: BF16 1,671*, TF32 835*
+    ('H100', 989.4, 494.7),  # H100 datasheet, SXM column: BF16 1,979*, TF32 989*
+    ('GH200', 989.4, 494.7),  # GH200 Grace Hopper Superchip datasheet: the H100 SXM figures
+    ('H200 NVL', 835, 418),  # H200 datasheet, NVL column: BF16 1,671*, TF32 835*
+    ('H200', 989.4, 494.7),  # H200 datasheet, SXM column: BF16 1,979*, TF32 989*
+    ('GB200', 2500, 1250),  # GB200 NVL72 datasheet, per GPU: FP16/BF16 5 PF*, TF32 2.5 PF*
+    ('B200', 2250, 1100),  # HGX B200 datasheet, per GPU: FP16/BF16 4.5 PF*, TF32 2.2 PF*
+    ('A100', 312, 156),  # A100 datasheet, SXM4 and PCIe alike: BF16 624*, TF32 312*
+    ('A10G', 70, 35),  # AWS's A10 variant: on no NVIDIA datasheet; approximate figures as AWS users report them
+    ('A10', 125, 62.5),  # A10 datasheet: BF16 250*, TF32 125*
+    ('L40S', 362.05, 183),  # L40S datasheet: BF16 733*, TF32 366*
+    ('L40', 181.05, 90.5),  # L40 datasheet: BF16 362.1*, TF32 181*
+    ('L4', 121, 60),  # L4 datasheet: BF16 242*, TF32 120*
+    ('RTX A6000', 154.8, 77.4),  # GA102 whitepaper v2, appendix C: BF16 with FP32 accumulate 309.7*, TF32 154.8*
+    ('RTX 4090', 165.2, 82.6),  # Ada whitepaper: BF16 with FP32 accumulate (GeForce: half the FP16-accumulate rate)
+    ('RTX 3090', 71, 35.6),  # GA102 whitepaper, appendix A: BF16 with FP32 accumulate 142*, TF32 71*
+    ('V100S', None, 16.4),  # V100S datasheet (PCIe): FP32
+    ('V100-PCIE', None, 14),  # V100 datasheet, PCIe column: FP32
+    ('V100', None, 15.7),  # V100 datasheet, SXM2 column: FP32
+    ('T4', None, 8.1),  # T4 datasheet: FP32
+)
+
+
+def peak_flops(device_name, dtype):
+    """Dense peak FLOP/s of the GPU called `device_name` (torch.cuda.get_device_name()) for matmuls in `dtype`
+    (torch.bfloat16, or torch.float32 with TF32 on; their names work too); None for a GPU not in PEAK_TFLOPS or
+    one without that dtype (V100 and T4 have no bf16): no MFU is better than one against the wrong peak."""
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    if dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"dtype={dtype} has no peak here; use torch.bfloat16 or torch.float32")
+    for pattern, bf16, fp32 in PEAK_TFLOPS:
+        if re.search(rf'\b{pattern}\b', device_name, re.IGNORECASE):
+            tflops = bf16 if dtype == torch.bfloat16 else fp32
+            return None if tflops is None else tflops * 1e12
+    return None
+
 
 
 def pick_device(device=None):

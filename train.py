@@ -46,6 +46,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from configurator import configure, plain_globals
 from data.common import (DATA_DIR, DataError, atomic_write, load_meta, load_split, random_windows, unigram_entropy,
                          write_json)
+from memory import format_memory_plan, memory_plan
 from model import GPT, GPTConfig, load_checkpoint, pick_device
 
 # -----------------------------------------------------------------------------------------------------------
@@ -98,7 +99,7 @@ dtype = None  # 'float32' or 'bfloat16'; None = bfloat16 autocast on CUDA when s
 compile = False
 backend = None  # torch.distributed backend; None = 'nccl' on CUDA, 'gloo' otherwise
 fsdp = False  # under torchrun: shard parameters, gradients and optimizer state with FSDP2 (the 3.78b configs)
-peak_flops = None  # the device's peak FLOP/s for MFU; None = known GPUs only (no MFU on CPU)
+peak_flops = None  # the device's peak FLOP/s for MFU; None = model.peak_flops (known GPUs by name and dtype; no MFU on CPU)
 seed = 1337
 # -----------------------------------------------------------------------------------------------------------
 for _f in fields(GPTConfig):
@@ -375,6 +376,11 @@ def start_run(cfg, env, train_data, val_data, meta):
             dist.destroy_process_group()
         return None
     entropy = unigram_entropy(train_data)  # the loss of predicting token frequencies only: a collapsed model's
+    if env.master:  # before the model exists: a run that cannot fit is told so before it runs out of memory
+        micro = max(c for _, c in micro_batches(B * cfg.gradient_accumulation_steps, env.world, 0, B))
+        plan = memory_plan(GPTConfig(**model_args), micro, env.world, env.fsdp, env.ptdtype, cfg.compile)
+        capacity = torch.cuda.get_device_properties(env.device).total_memory if env.device_type == 'cuda' else None
+        print('\n'.join(format_memory_plan(plan, capacity)))
     raw, model = build_model(cfg, model_args, env)
     optimizer = raw.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), env.device_type)
     state = dict(iter_num=0, best_val_loss=float('inf'), best_iter=None, guard={}, last_eval=None, wall_time_s=0.0)
@@ -574,7 +580,7 @@ def collapse_signs(cfg, run, record):
 def log_step(cfg, env, run, it, loss, grad_norm, dt):
     """A step record; dt (seconds per step) is None for the first interval after a start, which holds compilation."""
     n_micro = len(micro_batches(cfg.batch_size * cfg.gradient_accumulation_steps, env.world, 0, cfg.batch_size))
-    mfu = run.raw.estimate_mfu(cfg.batch_size * n_micro, dt, cfg.peak_flops) if dt else None
+    mfu = run.raw.estimate_mfu(cfg.batch_size * n_micro, dt, cfg.peak_flops, env.ptdtype) if dt else None
     record = {'event': 'step', 'iter': it, 'loss': loss, 'lr': get_lr(it, cfg), 'grad_norm': grad_norm,
               'tokens': (it + 1) * run.tokens_per_iter, 'epochs': (it + 1) * run.tokens_per_iter / run.n_train,
               'tokens_per_sec': run.tokens_per_iter / dt if dt else None, 'mfu': mfu,

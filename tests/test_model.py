@@ -702,7 +702,7 @@ def test_estimate_mfu():
     model = GPT(tiny())
     N = n_params(model) - 16 * 32  # without position embeddings
     flops = (6 * N + 12 * 2 * 32 * 16) * 16 * 4  # PaLM: 6N + 12 L d T per token; T tokens x 4 sequences
-    assert model.estimate_mfu(4, 0.5, peak_flops=1e9) == pytest.approx(flops / 0.5 / 1e9)
+    assert model.estimate_mfu(4, 0.5, peak=1e9) == pytest.approx(flops / 0.5 / 1e9)
     if not torch.cuda.is_available():
         assert model.estimate_mfu(4, 0.5) is None  # unknown peak on CPU
 

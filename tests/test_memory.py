@@ -1,4 +1,4 @@
-"""memplan_draft.py: MFU peaks by GPU name, parameter counts, activation bytes, the memory plan, checkpoint size.
+"""memory.py and model.peak_flops: MFU peaks by GPU name, parameter counts, activation bytes, the memory plan, checkpoint size.
 
 Every figure is checked against something computed another way: datasheet numbers written out here, counts of a
 meta-device model, the storages autograd keeps on CPU, a checkpoint written the way train.py writes it."""
@@ -10,9 +10,8 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn as nn
 
-from memplan_draft import (activation_bytes, checkpoint_bytes, format_memory_plan, memory_plan, param_count,
-                           peak_flops)
-from model import GPT, GPTConfig
+from memory import activation_bytes, checkpoint_bytes, format_memory_plan, memory_plan, param_count
+from model import GPT, GPTConfig, peak_flops
 
 BF16, FP32 = torch.bfloat16, torch.float32
 
@@ -28,7 +27,8 @@ PEAKS = [
     ('NVIDIA A10G', BF16, 70), ('NVIDIA A10', BF16, 125), ('NVIDIA A10', FP32, 62.5),
     ('NVIDIA L4', BF16, 121), ('NVIDIA L4', FP32, 60), ('NVIDIA L40S', BF16, 362.05), ('NVIDIA L40S', FP32, 183),
     ('NVIDIA L40', BF16, 181.05),
-    ('NVIDIA RTX A6000', BF16, 154.8), ('NVIDIA GeForce RTX 4090', BF16, 165.2), ('NVIDIA GeForce RTX 4090', FP32, 82.6),
+    ('NVIDIA RTX A6000', BF16, 154.8),
+    ('NVIDIA GeForce RTX 4090', BF16, 165.2), ('NVIDIA GeForce RTX 4090', FP32, 82.6),
     ('NVIDIA GeForce RTX 3090', BF16, 71), ('NVIDIA GeForce RTX 3090', FP32, 35.6),
     ('Tesla V100-SXM2-32GB', BF16, None), ('Tesla V100-SXM2-32GB', FP32, 15.7), ('Tesla V100-PCIE-16GB', FP32, 14),
     ('Tesla V100S-PCIE-32GB', FP32, 16.4), ('Tesla T4', BF16, None), ('Tesla T4', FP32, 8.1),
@@ -89,13 +89,15 @@ def test_param_counts_of_the_study_scales(scale, expected):
 # ----------------------------------------------------------------------------------------------------------
 # Activations: the formula against the storages autograd keeps on CPU
 
-def saved_for_backward(model, idx, targets, autocast, params_of=None):
-    """(bytes of the distinct storages autograd keeps for backward, bf16 weight copies among them). Parameters
-    and buffers (of params_of, the compiled model's module) are not counted; a bf16 tensor equal to a
-    parameter's bf16 cast (or its transpose) is autocast's weight copy."""
-    params_of = params_of or model
-    own = {t.untyped_storage().data_ptr() for t in [*params_of.parameters(), *params_of.buffers()]}
-    weights = [p.detach().to(torch.bfloat16) for p in params_of.parameters() if p.dim() == 2]
+def saved_for_backward(model, idx, targets, autocast, weights=None):
+    """(bytes of the distinct storages autograd keeps for backward, bf16 weight copies among them). The model's
+    parameters and buffers are not counted; a bf16 tensor equal to the bf16 cast of one of `weights` (default:
+    the model's 2-D parameters) or of its transpose is autocast's weight copy."""
+    tensors = [*model.parameters(), *model.buffers()]
+    own = {getattr(t, '_local_tensor', t).untyped_storage().data_ptr() for t in tensors}  # FSDP: the local shard
+    if weights is None:
+        weights = [p for p in model.parameters() if p.dim() == 2]
+    weights = [w.detach().to(torch.bfloat16) for w in weights]
     kept, copies = {}, {}
 
     def is_weight_copy(t):
@@ -116,7 +118,6 @@ def saved_for_backward(model, idx, targets, autocast, params_of=None):
 
 
 def small_config(**kw):
-    # vocabulary, tokens per micro-batch and widths all differ, so that no activation has a weight's shape
     return GPTConfig(block_size=32, vocab_size=96, n_layer=2, n_head=4, n_embd=64, **{'bias': False, **kw})
 
 
@@ -131,7 +132,7 @@ def measure(config, batch_size=2, autocast=False, bf16_weights=False, attn_dropo
     idx, targets = (torch.randint(0, config.vocab_size, (batch_size, config.block_size)) for _ in range(2))
     if compile:
         torch._dynamo.reset()  # a fresh compile for each model, clear of the recompilation limit
-        return saved_for_backward(torch.compile(model), idx, targets, autocast, params_of=model)
+        return saved_for_backward(torch.compile(model), idx, targets, autocast)
     return saved_for_backward(model, idx, targets, autocast)
 
 
@@ -200,7 +201,7 @@ def test_memory_plan_ddp(kw):
     model = meta_model(config)
     n = sum(p.numel() for p in model.parameters())
     plan = memory_plan(config, 4, world_size=8, fsdp=False, dtype=BF16)
-    assert (plan['parameters'], plan['gradients'], plan['optimizer'], plan['ddp_buckets']) == (4 * n, 4 * n, 8 * n, 4 * n)
+    assert [plan[k] for k in ('parameters', 'gradients', 'optimizer', 'ddp_buckets')] == [4 * n, 4 * n, 8 * n, 4 * n]
     assert plan['fsdp_buffers'] == 0
     assert plan['weight_copies'] == 2 * linear_weights(model)
     assert plan['activations'] == activation_bytes(config, 4, BF16)
@@ -245,16 +246,58 @@ def test_format_memory_plan_warns_when_the_plan_does_not_fit():
     assert not any('%' in line for line in format_memory_plan(plan))  # without a device: the figures alone
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def fsdp_process(rank, world, port):
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
+    dist.init_process_group('gloo', rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    return dist
+
+
+def fsdp_saved_tensors(rank, world, port, path):
+    """Forward under autocast of an FSDP2 model sharded like train.py's (float32 weights): what autograd keeps."""
+    from torch.distributed.fsdp import fully_shard
+    dist = fsdp_process(rank, world, port)
+    config = small_config()
+    torch.manual_seed(0)
+    model = GPT(config)
+    weights = [p.detach().clone() for p in model.parameters() if p.dim() == 2]  # full values, before sharding
+    for block in model.transformer.h:
+        fully_shard(block)
+    fully_shard(model)
+    idx, targets = (torch.randint(0, config.vocab_size, (2, config.block_size)) for _ in range(2))
+    kept, copies = saved_for_backward(model, idx, targets, autocast=True, weights=weights)
+    if rank == 0:
+        torch.save({'kept': kept, 'copies': copies}, path)
+    dist.destroy_process_group()
+
+
+def test_fsdp_keeps_every_layer_s_bf16_weight_copy(tmp_path):
+    """FSDP reshards a block's float32 weights after its forward, but the bf16 copies autocast made of them stay
+    with autograd until the block's backward: the whole model's, on every process."""
+    path = str(tmp_path / 'saved.pt')
+    mp.spawn(fsdp_saved_tensors, args=(2, free_port(), path), nprocs=2)
+    saved = torch.load(path)
+    config = small_config()
+    plan = memory_plan(config, 2, world_size=2, fsdp=True, dtype=BF16)
+    assert saved['copies'] == plan['weight_copies'] == 2 * linear_weights(meta_model(config))
+    assert plan['activations'] == pytest.approx(saved['kept'], rel=0.01)  # + the gathered norm weights
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Checkpoint size: written the way train.py writes it, from FSDP shards
 
 def save_like_train(rank, world, port, path):
-    import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                          get_optimizer_state_dict)
     from torch.distributed.fsdp import fully_shard
-    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
-    dist.init_process_group('gloo', rank=rank, world_size=world)
+    dist = fsdp_process(rank, world, port)
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=64, vocab_size=1000, n_layer=2, n_head=4, n_embd=128, bias=False))
     for block in model.transformer.h:
@@ -270,14 +313,28 @@ def save_like_train(rank, world, port, path):
 
 
 def test_checkpoint_bytes_match_a_checkpoint_gathered_from_fsdp_shards(tmp_path):
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        port = s.getsockname()[1]
     path = str(tmp_path / 'ckpt.pt')
-    mp.spawn(save_like_train, args=(2, port, path), nprocs=2)
+    mp.spawn(save_like_train, args=(2, free_port(), path), nprocs=2)
     config = GPTConfig(block_size=64, vocab_size=1000, n_layer=2, n_head=4, n_embd=128, bias=False)
     size = checkpoint_bytes(config)
     n = sum(p.numel() for p in meta_model(config).parameters())
     assert size['model'] == 4 * (n + 1000 * 128)  # the tied embedding twice: wte and lm_head are copied apart
     assert size['optimizer'] == 8 * n
     assert os.path.getsize(path) == pytest.approx(size['total'], rel=0.02)  # + steps, keys, zip headers
+
+
+def test_the_readmes_memory_table_is_the_plans():
+    """README "Training": every row of the study's memory table, recomputed (GB = 1e9 bytes, one decimal)."""
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'README.md')).read()
+    rows = [line.split('|')[1:-1] for line in readme.splitlines()
+            if line.startswith('| ') and line.split('|')[1].strip() in ('64m', '1.3b', '3.78b') and 'DP' in line]
+    assert len(rows) == 6
+    for scale, mode, gpus, state, buffers, copies, acts, loss, total, share in (map(str.strip, r) for r in rows):
+        world, micro = int(gpus.split()[0]), 4 if 'of 4' in gpus else 8
+        plan = memory_plan(study_config(scale), micro, world, mode == 'FSDP', torch.bfloat16, compile=True)
+        gb = {k: round(v / 1e9, 1) for k, v in plan.items()}
+        assert float(state) == round((plan['parameters'] + plan['gradients'] + plan['optimizer']) / 1e9, 1)
+        assert float(buffers) == round((plan['ddp_buckets'] + plan['fsdp_buffers']) / 1e9, 1)
+        assert (float(copies), float(acts), float(loss), float(total)) == \
+            (gb['weight_copies'], gb['activations'], gb['logits'], gb['total'])
+        assert share == f"{plan['total'] / 80e9:.0%}"

@@ -1,61 +1,13 @@
 """
-Draft, to be moved into model.py (peak_flops, param_count, activation_bytes) and train.py (memory_plan,
-format_memory_plan, checkpoint_bytes): the peak FLOP/s that MFU divides by, and the GPU memory a run needs,
-printed before a big run starts.
+The GPU memory a training run needs, by what holds it (train.py prints it before a run starts; README
+"Training" has the study's scales), and the size of its checkpoints. Kept apart so that train.py and model.py
+stay short; the formulas are checked in tests/test_memory.py against the model and the storages autograd keeps.
 
 Sizes are in bytes; "per token" means per position of one sequence (a micro-batch has batch_size x block_size).
 """
 import math
-import re
 
 import torch
-
-# ----------------------------------------------------------------------------------------------------------
-# MFU peaks
-
-# Dense (no 2:4 sparsity) tensor-core peaks in TFLOP/s: (name pattern, bfloat16, float32). NVIDIA's datasheets
-# print the sparse figure with a '*'; the dense one is half of it. float32 is the TF32 tensor-core peak, since
-# train.py turns TF32 on; V100 and T4 have no TF32 (their float32 figure is the plain FP32 peak) and no bf16.
-# A pattern matches whole words of torch.cuda.get_device_name(), ignoring case; the first match wins, so a
-# form factor ('H100 PCIe') comes before its family ('H100', which is then the SXM part, 'NVIDIA H100 80GB HBM3').
-PEAK_TFLOPS = (
-    ('H100 PCIe', 756, 378),  # H100 datasheet, PCIe column: BF16 1,513*, TF32 756*
-    ('H100 NVL', 835, 418),  # H100 NVL datasheet, per GPU: BF16 1,671*, TF32 835*
-    ('H100', 989.4, 494.7),  # H100 datasheet, SXM column: BF16 1,979*, TF32 989*
-    ('GH200', 989.4, 494.7),  # GH200 Grace Hopper Superchip datasheet: the H100 SXM figures
-    ('H200 NVL', 835, 418),  # H200 datasheet, NVL column: BF16 1,671*, TF32 835*
-    ('H200', 989.4, 494.7),  # H200 datasheet, SXM column: BF16 1,979*, TF32 989*
-    ('GB200', 2500, 1250),  # GB200 NVL72 datasheet, per GPU: FP16/BF16 5 PF*, TF32 2.5 PF*
-    ('B200', 2250, 1100),  # HGX B200 datasheet, per GPU: FP16/BF16 4.5 PF*, TF32 2.2 PF*
-    ('A100', 312, 156),  # A100 datasheet, SXM4 and PCIe alike: BF16 624*, TF32 312*
-    ('A10G', 70, 35),  # AWS's A10 variant: on no NVIDIA datasheet; approximate figures as AWS users report them
-    ('A10', 125, 62.5),  # A10 datasheet: BF16 250*, TF32 125*
-    ('L40S', 362.05, 183),  # L40S datasheet: BF16 733*, TF32 366*
-    ('L40', 181.05, 90.5),  # L40 datasheet: BF16 362.1*, TF32 181*
-    ('L4', 121, 60),  # L4 datasheet: BF16 242*, TF32 120*
-    ('RTX A6000', 154.8, 77.4),  # GA102 whitepaper v2, appendix C: BF16 with FP32 accumulate 309.7*, TF32 154.8*
-    ('RTX 4090', 165.2, 82.6),  # Ada whitepaper: BF16 with FP32 accumulate (GeForce: half the FP16-accumulate rate)
-    ('RTX 3090', 71, 35.6),  # GA102 whitepaper, appendix A: BF16 with FP32 accumulate 142*, TF32 71*
-    ('V100S', None, 16.4),  # V100S datasheet (PCIe): FP32
-    ('V100-PCIE', None, 14),  # V100 datasheet, PCIe column: FP32
-    ('V100', None, 15.7),  # V100 datasheet, SXM2 column: FP32
-    ('T4', None, 8.1),  # T4 datasheet: FP32
-)
-
-
-def peak_flops(device_name, dtype):
-    """Dense peak FLOP/s of the GPU called `device_name` (torch.cuda.get_device_name()) for matmuls in `dtype`
-    (torch.bfloat16, or torch.float32 with TF32 on; their names work too); None for a GPU not in PEAK_TFLOPS or
-    one without that dtype (V100 and T4 have no bf16): no MFU is better than one against the wrong peak."""
-    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    if dtype not in (torch.bfloat16, torch.float32):
-        raise ValueError(f"dtype={dtype} has no peak here; use torch.bfloat16 or torch.float32")
-    for pattern, bf16, fp32 in PEAK_TFLOPS:
-        if re.search(rf'\b{pattern}\b', device_name, re.IGNORECASE):
-            tflops = bf16 if dtype == torch.bfloat16 else fp32
-            return None if tflops is None else tflops * 1e12
-    return None
-
 
 # ----------------------------------------------------------------------------------------------------------
 # Parameter counts, in closed form (the tests check them against the model itself)
@@ -105,7 +57,7 @@ def activation_bytes(config, batch_size, dtype=torch.bfloat16, bf16_weights=Fals
     """Bytes of the tensors kept for backward by one training forward pass of batch_size x block_size tokens.
 
     Counted tensor by tensor from what each op of model.py saves (PyTorch's autograd formulas), checked in
-    tests/test_memplan_draft.py against the storages that autograd actually keeps on CPU. Assumptions:
+    tests/test_memory.py against the storages that autograd actually keeps on CPU. Assumptions:
     - Attention runs in a flash / memory-efficient SDPA kernel: it keeps q, k, v, its output and the
       logsumexp (H floats per token), never the T x T matrix; its dropout mask is regenerated, not kept.
     - dtype=torch.bfloat16 is autocast: matmul inputs/outputs are bf16 (2 bytes); layer_norm and the cross
@@ -233,15 +185,15 @@ def format_memory_plan(plan, device_memory=None):
     torch.cuda.get_device_properties(d).total_memory gives it), the share of it and a warning line when the
     plan does not fit (a note when it fills more than 90%: what the plan leaves out needs room too)."""
     gib = 2 ** 30
-    lines = ['GPU memory per process (estimate):']
+    lines = ['memory per process (estimate; on a GPU, its memory):']
     lines += [f'  {PLAN_LABELS[k]:<44}{v / gib:8.2f} GiB' for k, v in plan.items() if k in PLAN_LABELS and v]
     total = plan['total']
     of = f' of {device_memory / gib:.2f} GiB ({total / device_memory:.0%})' if device_memory else ''
     lines.append(f'  {"total":<44}{total / gib:8.2f} GiB{of}')
     if device_memory and total > device_memory:
         lines.append(f'warning: this run needs about {total / gib:.1f} GiB per GPU, more than the '
-                     f'{device_memory / gib:.1f} GiB it has: use fsdp=True, more GPUs, or a smaller batch_size '
-                     'with more gradient_accumulation_steps')
+                     f'{device_memory / gib:.1f} GiB it has: shard it (fsdp=True), use more GPUs, or lower '
+                     'batch_size and raise gradient_accumulation_steps')
     elif device_memory and total > 0.9 * device_memory:
         lines.append('note: over 90% of the GPU\'s memory; the CUDA context, NCCL and fragmentation (not counted) '
                      'need room too')
