@@ -9,19 +9,13 @@ Train a GPT variant (model.py) on a tokenized dataset (data/<name>/{train,val}.b
 
 Configuration (nanoGPT's convention, see configurator.py): the globals below are the defaults, then config
 files, then --key=value (`python train.py --help` lists them). Every GPTConfig field is a key too.
-A step trains on batch_size x gradient_accumulation_steps sequences on any number of processes: they are split
-as evenly as possible (shares differ by one sequence at most), every process runs the same number of
-micro-batches of at most batch_size sequences, and each micro-batch's loss counts by its share of the step, so
-1, 2, 3, 8 or 16 processes take the same step. The evaluation windows are split alike.
-A new run refuses an out_dir that already holds one (--overwrite=True replaces it).
-Writes to out_dir: config.json, log.jsonl (one JSON object per event), ckpt.pt (latest, every eval),
-best.pt (best val loss), summary.json (when the run ends).
-SIGTERM, SIGUSR1 (Slurm's --signal) and Ctrl-C stop the run at the next step with ckpt.pt written; rerun with
---init_from=auto (or resume) to continue. A second Ctrl-C aborts at once.
-Exit status of one process: 0 finished (or already finished); 3 stopped by the divergence guard (the checkpoints
-are the last good ones); 4 stopped by a signal; 1 error. torchrun reports every non-zero status as 1: scripts read
-out_dir instead. summary.json exists once the run has ended, with "status": "finished" or "diverged"; a run
-stopped by a signal has ckpt.pt, no summary.json, and a last log.jsonl event "stopped".
+A step trains on batch_size x gradient_accumulation_steps sequences on any number of processes, split evenly
+(micro_batches). A new run refuses an out_dir that already holds one (--overwrite=True replaces it).
+Writes to out_dir: config.json, log.jsonl (one JSON object per event), ckpt.pt (latest, every eval), best.pt
+(best val loss), summary.json (when the run ends, with its "status": "finished" or "diverged").
+SIGTERM, SIGUSR1 (Slurm's --signal) and Ctrl-C stop the run at the next step with ckpt.pt written; the same
+command with --init_from=auto continues it. Exit status: 0 finished; 3 diverged (the checkpoints are the last
+good ones); 4 stopped by a signal; 1 error (torchrun reports every non-zero status as 1: README "Training").
 """
 import hashlib
 import importlib.util

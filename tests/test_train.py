@@ -3,6 +3,7 @@ import importlib.util
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -363,6 +364,24 @@ def test_torchrun_two_processes_match_one(data_dir, tmp_path, fsdp):
     assert alphas1 == pytest.approx(alphas2, abs=1e-6)
     w1, w2 = (torch.load(os.path.join(d, 'ckpt.pt'), weights_only=True)['model'] for d in (one, two))
     assert w1.keys() == w2.keys() and all(torch.allclose(w1[k], w2[k], atol=1e-5) for k in w1)
+
+
+def test_srun_starts_one_process_per_task(data_dir, tmp_path):
+    """Under srun (README's Slurm script) there is no torchrun: train.py takes rank and world from Slurm."""
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    out = str(tmp_path / 'srun')
+    procs = [subprocess.Popen([sys.executable, 'train.py', '--dataset=tiny', f'--data_dir={data_dir}', *TINY,
+                               '--max_iters=2', '--eval_interval=2', f'--out_dir={out}'], cwd=REPO, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              env=dict(os.environ, OMP_NUM_THREADS='1', SLURM_NTASKS='2', SLURM_PROCID=str(rank),
+                                       SLURM_LOCALID=str(rank), MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port)))
+             for rank in (0, 1)]
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert '(2 process(es) x 1 micro-batch(es) of <= 4)' in outputs[0] and 'global batch' not in outputs[1]
+    assert json.load(open(os.path.join(out, 'summary.json')))['status'] == 'finished'
 
 
 def test_divergence_stops_cleanly(data_dir, tmp_path):
