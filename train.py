@@ -371,6 +371,7 @@ def start_run(cfg, env, train_data, val_data, meta):
         return None
     entropy = unigram_entropy(train_data)  # the loss of predicting token frequencies only: a collapsed model's
     if env.master:  # before the model exists: a run that cannot fit is told so before it runs out of memory
+        print('config:\n' + '\n'.join(f'  {k} = {v!r}' for k, v in config.items()))
         micro = max(c for _, c in micro_batches(B * cfg.gradient_accumulation_steps, env.world, 0, B))
         plan = memory_plan(GPTConfig(**model_args), micro, env.world, env.fsdp, env.ptdtype, cfg.compile)
         capacity = torch.cuda.get_device_properties(env.device).total_memory if env.device_type == 'cuda' else None
@@ -384,6 +385,7 @@ def start_run(cfg, env, train_data, val_data, meta):
         del ckpt
     run = SimpleNamespace(
         raw=raw, model=model, optimizer=optimizer, state=state, meta=meta, config=config, model_args=model_args,
+        prefetched={},
         train_data=train_data, val_data=val_data, n_train=n_train, entropy=entropy, resumed=cfg.init_from == 'resume',
         tokens_per_iter=B * cfg.gradient_accumulation_steps * T, writing=env.master and not cfg.eval_only,
         log_path=os.path.join(cfg.out_dir, 'log.jsonl'),
@@ -391,7 +393,6 @@ def start_run(cfg, env, train_data, val_data, meta):
         val_starts=torch.linspace(0, len(val_data) - T - 1, cfg.eval_iters * B).long())  # evenly spread, fixed
     if env.master:
         n_seq = B * cfg.gradient_accumulation_steps
-        print('config:\n' + '\n'.join(f'  {k} = {v!r}' for k, v in config.items()))
         print(f'model: {raw.get_num_params():,} parameters ({cfg.norm}, {cfg.attn} attention, {cfg.mlp} MLP, '
               f'{cfg.pos} positions)')
         print(f'global batch: {n_seq} sequences x {T} tokens = {run.tokens_per_iter:,} tokens/step ({env.world} '
@@ -481,7 +482,9 @@ def train_step(cfg, env, run, it):
     n = cfg.batch_size * cfg.gradient_accumulation_steps
     starts = train_windows(cfg.seed, it, run.n_train, cfg.block_size, n)
     parts = micro_batches(n, env.world, env.rank, cfg.batch_size)
-    batch = get_batch(run.train_data, starts[parts[0][0]:][:parts[0][1]], cfg.block_size, env.device)
+    mine = slice(parts[0][0], sum(parts[-1]))  # this process's windows in the step
+    batch = run.prefetched.pop(it, None) or get_batch(run.train_data, starts[mine][:parts[0][1]], cfg.block_size,
+                                                      env.device)
     loss_sum = torch.zeros((), device=env.device)
     for k, (_, count) in enumerate(parts):
         if env.ddp_module:  # DDP all-reduces on the last micro-step only; FSDP reduce-scatters every one
@@ -501,6 +504,9 @@ def train_step(cfg, env, run, it):
                          torch.tensor(float(bool(env.stop)), device=env.device)])
     if env.ddp:
         dist.all_reduce(stats)
+    # the next step's first micro-batch, copied while the device is still busy with this one
+    run.prefetched = {it + 1: get_batch(run.train_data, train_windows(cfg.seed, it + 1, run.n_train, cfg.block_size, n)
+                                        [mine][:parts[0][1]], cfg.block_size, env.device)}
     loss, grad_norm, stop = stats.tolist()  # the step's one host sync; the same on every process
     return loss, grad_norm, stop > 0
 
