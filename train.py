@@ -375,7 +375,8 @@ def start_run(cfg, env, train_data, val_data, meta):
         micro = max(c for _, c in micro_batches(B * cfg.gradient_accumulation_steps, env.world, 0, B))
         plan = memory_plan(GPTConfig(**model_args), micro, env.world, env.fsdp, env.ptdtype, cfg.compile)
         capacity = torch.cuda.get_device_properties(env.device).total_memory if env.device_type == 'cuda' else None
-        print('\n'.join(format_memory_plan(plan, capacity)))
+        if capacity or plan['total'] > 2 ** 30:  # a GPU, or a run big enough to matter on a CPU
+            print('\n'.join(format_memory_plan(plan, capacity)))
     raw, model = build_model(cfg, model_args, env)
     optimizer = raw.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), env.device_type)
     state = dict(iter_num=0, best_val_loss=float('inf'), best_iter=None, guard={}, last_eval=None, wall_time_s=0.0)

@@ -126,6 +126,21 @@ def test_help_prints_the_defaults(capsys):
         assert out[0].startswith(first) and all(line in out for line in lines)
 
 
+def test_memory_plan_printed_for_a_big_run(data_dir, tmp_path, capsys, monkeypatch):
+    """train.py prints memory.py's plan of this very run (its shape, micro-batch and process count) when it is big."""
+    import memory
+    seen = []
+
+    def plan(*args):
+        seen.append(args)
+        return dict(memory.memory_plan(*args), total=2 ** 31)  # as if 2 GiB: big enough to be printed on a CPU
+    monkeypatch.setattr(train, 'memory_plan', plan)
+    assert run(data_dir, tmp_path / 'big', '--max_iters=0', '--gradient_accumulation_steps=3') == 0
+    config, micro, world, fsdp, dtype, compiled = seen[0]
+    assert (config.n_embd, config.vocab_size, micro, world, fsdp, dtype, compiled) == (32, 64, 4, 1, False, torch.float32, False)
+    assert 'memory per process (estimate' in capsys.readouterr().out
+
+
 def test_train_config_errors(data_dir, tmp_path):
     out = tmp_path / 'o'
     for args, message in (
