@@ -1,4 +1,4 @@
-# The study in miniature, on a CPU: LayerNorm against DyT at three data budgets, two seeds, about 20 minutes on
+# The study in miniature, on a CPU: LayerNorm against DyT at three data budgets, two seeds, about 16 minutes on
 # 2 cores, and the sign flip shows (README, "The CPU miniature"):
 #   python study.py run config/grid_mini.py && python study.py report out/grid_mini
 # train.py's default model and corpus (4 layers, 4 heads, width 128, block 128, batch 16, lr 2e-3 after 30
