@@ -10,14 +10,13 @@ torch.compile are set as train.py sets them, so that the figures mean what train
 """
 import sys
 import time
-from contextlib import nullcontext
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
 from configurator import configure, plain_globals
-from model import GPT, NORMS, GPTConfig, pick_device
+from model import GPT, NORMS, GPTConfig, pick_device, precision
 
 # -----------------------------------------------------------------------------------------------------------
 n_layer = 4
@@ -82,20 +81,15 @@ def main(argv):
         GPTConfig(**shape)  # the architecture's own checks, with their messages
     except ValueError as e:
         raise SystemExit(f'error: {e}') from None
-    device_type = dev.split(':')[0]
-    dtype = cfg['dtype'] or ('bfloat16' if device_type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32')
-    if dtype not in ('float32', 'bfloat16'):
-        raise SystemExit(f"error: dtype={dtype!r} is not known; use 'float32' or 'bfloat16'")
+    if cfg['dtype'] not in (None, 'float32', 'bfloat16'):
+        raise SystemExit(f"error: dtype={cfg['dtype']!r} is not known; use 'float32' or 'bfloat16'")
+    dtype, ctx = precision(dev, cfg['dtype'])  # as train.py runs: bf16 autocast on CUDA, TF32
     if min(cfg['batch_size'], cfg['steps']) < 1 or cfg['warmup'] < 0:
         raise SystemExit('error: batch_size and steps must be positive, warmup >= 0')
     if cfg['compile'] and cfg['warmup'] < 1:
         raise SystemExit('error: compile=True needs warmup >= 1: the first step compiles, and must not be timed')
-    ctx = nullcontext() if dtype == 'float32' else torch.autocast(device_type, dtype=getattr(torch, dtype))
-    if device_type == 'cuda':  # as train.py
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
     # GPU kernels run asynchronously: wait for them before reading the clock
-    sync = {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(device_type, lambda: None)
+    sync = {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(torch.device(dev).type, lambda: None)
 
     torch.manual_seed(0)
     variants = {'plain nanoGPT-style (LayerNorm)': PlainGPT(**shape)}

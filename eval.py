@@ -59,7 +59,7 @@ import torch
 from data.blimp import prepare as blimp
 from data.common import DataError, get_tokenizer, load_meta, load_split, write_json
 from data.lambada import prepare as lambada
-from model import checkpoint_file, load_checkpoint, pick_device
+from model import checkpoint_file, load_checkpoint, pick_device, precision
 
 TASKS = ("lambada", "blimp", "wikitext", "val")
 
@@ -378,11 +378,7 @@ def main(argv=None):
         args.device = pick_device(args.device)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
-    cuda = args.device.startswith("cuda")
-    if args.dtype is None:  # train.py's choice
-        args.dtype = "bfloat16" if cuda and torch.cuda.is_bf16_supported() else "float32"
-    if cuda:
-        torch.backends.cuda.matmul.allow_tf32 = True  # float32 matmuls in TF32, as in training
+    args.dtype = precision(args.device, args.dtype)[0]  # as in training (TF32 on CUDA too)
     # every check before any scoring; the checkpoints first, so a mistyped path downloads nothing
     infos = [check_checkpoint(path, args) for path in args.checkpoints]
     sets, missing = load_eval_sets(args)

@@ -5,49 +5,27 @@ stay short; the formulas are checked in tests/test_memory.py against the model a
 
 Sizes are in bytes; "per token" means per position of one sequence (a micro-batch has batch_size x block_size).
 """
-import math
-
 import torch
+import torch.nn as nn
+
+from model import GPT, mlp_hidden
 
 # ----------------------------------------------------------------------------------------------------------
-# Parameter counts, in closed form (the tests check them against the model itself)
+# Parameter counts, read off the model itself built on the meta device (no memory, no second copy of its shapes)
 
-def mlp_hidden(config):
-    """The MLP's hidden width: 4 x n_embd (GELU), or 2/3 of it rounded up to a multiple of 256 (SwiGLU)."""
-    return 256 * math.ceil(2 / 3 * 4 * config.n_embd / 256) if config.mlp == 'swiglu' else 4 * config.n_embd
-
-
-def norm_params(config, ndim):
-    weight_bias = ndim * (2 if config.bias else 1)
-    return {'layernorm': weight_bias, 'rmsnorm': ndim, 'dyt': weight_bias + 1,  # + alpha
-            'derf': weight_bias + 2, 'hardtanh': weight_bias}[config.norm]  # + alpha and shift
-
-
-def matmul_params(config):
-    """Weights of one block's linear layers: the ones autocast copies to bf16 for its matmuls."""
-    C, hd = config.n_embd, config.n_embd // config.n_head
-    kv = (config.n_kv_head or config.n_head) * hd
-    return C * (C + 2 * kv) + C * C + (3 if config.mlp == 'swiglu' else 2) * C * mlp_hidden(config)
-
-
-def block_params(config):
-    C, hd = config.n_embd, config.n_embd // config.n_head
-    kv = (config.n_kv_head or config.n_head) * hd
-    biases = (C + 2 * kv) + C + (2 if config.mlp == 'swiglu' else 1) * mlp_hidden(config) + C if config.bias else 0
-    diff = 4 * hd + 2 * hd if config.attn == 'diff' else 0  # four lambda vectors, and the per-head RMSNorm
-    return matmul_params(config) + biases + diff + 2 * norm_params(config, C)
-
-
-def root_params(config):
-    """What is not in a block: the tied token embedding / lm_head, position embeddings, final norm, embed_scale.
-    FSDP wraps these in the root module."""
-    pos = config.block_size * config.n_embd if config.pos == 'learned' else 0
-    return config.vocab_size * config.n_embd + pos + norm_params(config, config.n_embd) + config.embed_scale
+def param_counts(config):
+    """(all parameters with the tied embedding once, one block's, the root's: what is outside the blocks, which
+    FSDP wraps in the root module; the weights of every linear layer: what autocast copies to bf16)."""
+    with torch.device('meta'):
+        model = GPT(config)
+    n = sum(p.numel() for p in model.parameters())
+    block = sum(p.numel() for p in model.transformer.h[0].parameters())
+    matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    return n, block, n - config.n_layer * block, matmul
 
 
 def param_count(config):
-    """Every parameter, the tied embedding once (as sum(p.numel() for p in model.parameters()) counts)."""
-    return config.n_layer * block_params(config) + root_params(config)
+    return param_counts(config)[0]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -148,19 +126,19 @@ def memory_plan(config, batch_size, world_size, fsdp, dtype, compile=False, fsdp
     bf16_weights = fsdp and fsdp_param_dtype == torch.bfloat16
     if bf16_weights and act == 4:
         raise ValueError("fsdp_param_dtype=torch.bfloat16 needs dtype=torch.bfloat16 (autocast)")
-    n, shard = param_count(config), world_size if fsdp else 1
+    (n, block, root, matmul), shard = param_counts(config), world_size if fsdp else 1
     fsdp_buffers = 0
     if fsdp:
-        root, block, gathered = root_params(config), block_params(config), 2 if bf16_weights else 4
+        gathered = 2 if bf16_weights else 4
         fsdp_buffers = gathered * (root + 2 * block) + (gathered + 4 * bf16_weights) * (root + block)
-    V, C = config.vocab_size, config.n_embd
+    V = config.vocab_size
     plan = {
         'parameters': 4 * n / shard,
         'gradients': 4 * n / shard,
         'optimizer': 8 * n / shard,
         'ddp_buckets': 4 * n if not fsdp and world_size > 1 else 0,
         'fsdp_buffers': fsdp_buffers,
-        'weight_copies': 2 * (config.n_layer * matmul_params(config) + V * C) if act == 2 and not bf16_weights else 0,
+        'weight_copies': 2 * matmul if act == 2 and not bf16_weights else 0,
         'activations': activation_bytes(config, batch_size, dtype, bf16_weights, compile),
         'logits': batch_size * config.block_size * V * (2 * act if compile else act + 8),
     }

@@ -16,6 +16,7 @@ import os
 import pickle
 import re
 import zipfile
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -220,11 +221,10 @@ def make_norm(config, dyt_alpha=None):
 # Rotary position embedding, rotate-half layout: the pair (x[i], x[i + d/2]) turns by pos * theta^(-2i/d).
 
 def rope_angles(block_size, head_dim, theta):
-    """cos and sin tables, computed in float64 on the CPU (Apple GPUs have no float64), returned in float32 on
-    the default device (the one a `with torch.device(...)` block builds the model on)."""
+    """float32 cos and sin tables, computed in float64 on the CPU (Apple GPUs have no float64)."""
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device='cpu') / head_dim)
     angles = torch.outer(torch.arange(block_size, dtype=torch.float64, device='cpu'), inv_freq)
-    return tuple(t.float().to(torch.get_default_device()) for t in (angles.cos(), angles.sin()))
+    return angles.cos().float(), angles.sin().float()
 
 
 def apply_rope(x, cos, sin):
@@ -288,13 +288,18 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y))
 
 
+def mlp_hidden(config):
+    """The MLP's hidden width: 4 x n_embd (GELU), or 2/3 of it rounded up to a multiple of 256 (SwiGLU, Llama)."""
+    return 256 * math.ceil(2 / 3 * 4 * config.n_embd / 256) if config.mlp == 'swiglu' else 4 * config.n_embd
+
+
 class MLP(nn.Module):
     """GELU 4x MLP (GPT-2), or SwiGLU c_proj(silu(c_fc x) * c_up x) with hidden a multiple of 256 (Llama)."""
 
     def __init__(self, config):
         super().__init__()
         self.swiglu = config.mlp == 'swiglu'
-        hidden = 256 * math.ceil(2 / 3 * 4 * config.n_embd / 256) if self.swiglu else 4 * config.n_embd
+        hidden = mlp_hidden(config)
         self.c_fc = nn.Linear(config.n_embd, hidden, bias=config.bias)
         if self.swiglu:
             self.c_up = nn.Linear(config.n_embd, hidden, bias=config.bias)
@@ -336,10 +341,10 @@ class GPT(nn.Module):
         ))
         if config.pos == 'learned':
             self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
-        else:
-            cos, sin = rope_angles(config.block_size, config.n_embd // config.n_head, config.rope_theta)
-            self.register_buffer('rope_cos', cos, persistent=False)
-            self.register_buffer('rope_sin', sin, persistent=False)
+        else:  # filled by init_weights
+            for name in ('rope_cos', 'rope_sin'):
+                self.register_buffer(name, torch.empty(config.block_size, config.n_embd // config.n_head // 2),
+                                     persistent=False)
         # one element, not a 0-dim scalar: FSDP2 cannot shard a 0-dim parameter
         self.embed_scale = nn.Parameter(torch.full((1,), math.sqrt(config.n_embd))) if config.embed_scale else None
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -359,7 +364,8 @@ class GPT(nn.Module):
     def init_weights(self):
         """GPT-2's init: weights N(0, 0.02), residual projections (attention and MLP c_proj) N(0, 0.02/sqrt(2
         n_layer)), embeddings N(0, emb_init_std) (the tied output layer's too), biases 0, norm gains 1, DyT/Derf
-        alpha = alpha0 and shift 0, Diff lambdas N(0, 0.1), embed_scale sqrt(n_embd); then the buffers.
+        alpha = alpha0 and shift 0, Diff lambdas N(0, 0.1), embed_scale sqrt(n_embd); then the buffers (RoPE
+        tables, norm statistics).
         A parameter's values come from a generator seeded by (init_seed, its name), so they do not depend on how
         it is stored: built on the meta device, sharded by FSDP2 and materialised (train.py), the model gets the
         weights it gets when built whole."""
@@ -532,6 +538,17 @@ def peak_flops(device_name, dtype):
     return None
 
 
+def precision(device, dtype=None):
+    """(dtype name, the context to run the model in) as train.py trains, shared by eval.py, sample.py and bench.py:
+    dtype None = 'bfloat16' on a CUDA device that has it, else 'float32'; float32 runs without autocast, and on
+    CUDA its matmuls use TF32."""
+    kind = torch.device(device).type
+    dtype = dtype or ('bfloat16' if kind == 'cuda' and torch.cuda.is_bf16_supported() else 'float32')
+    if kind == 'cuda':
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return dtype, nullcontext() if dtype == 'float32' else torch.autocast(kind, dtype=getattr(torch, dtype))
+
 
 def pick_device(device=None):
     """The device asked for (an error if this machine lacks it), or by default cuda, else mps, else cpu."""
@@ -611,7 +628,8 @@ def load_checkpoint(path, device='cpu', which='latest'):
     try:
         result = model.load_state_dict(state, strict=False)
     except RuntimeError as e:  # shapes differ; PyTorch lists every tensor, a few say enough
-        raise ValueError(f"{mismatch} {few([line.strip().rstrip('.') for line in str(e).splitlines() if 'size mismatch' in line])}")
+        sizes = [line.strip().rstrip('.') for line in str(e).splitlines() if 'size mismatch' in line]
+        raise ValueError(f"{mismatch} {few(sizes)}") from None
     if result.missing_keys or result.unexpected_keys:
         raise ValueError(f"{mismatch} missing {few(result.missing_keys)}; unexpected {few(result.unexpected_keys)}")
     return model.eval(), ckpt

@@ -7,13 +7,12 @@ Sample from a trained model (any variant), decoding with the tokenizer the run w
 (nanoGPT's init_from key is gone: sampling is always from a train.py checkpoint, never from OpenAI's GPT-2.)
 """
 import sys
-from contextlib import nullcontext
 
 import torch
 
 from configurator import configure, plain_globals
 from data.common import DataError, get_tokenizer
-from model import CHECKPOINTS, checkpoint_file, load_checkpoint, pick_device
+from model import CHECKPOINTS, checkpoint_file, load_checkpoint, pick_device, precision
 
 # -----------------------------------------------------------------------------------------------------------
 out_dir = 'out'
@@ -40,10 +39,9 @@ def main(argv):
     start = cfg['start']
     try:
         device = pick_device(cfg['device'])
-        dtype = cfg['dtype'] or ('bfloat16' if device.startswith('cuda') and torch.cuda.is_bf16_supported()
-                                 else 'float32')
-        if dtype not in ('float32', 'bfloat16', 'float16'):
-            raise SystemExit(f"error: dtype={dtype!r} is not known; use 'float32', 'bfloat16' or 'float16'")
+        if cfg['dtype'] not in (None, 'float32', 'bfloat16', 'float16'):
+            raise SystemExit(f"error: dtype={cfg['dtype']!r} is not known; use 'float32', 'bfloat16' or 'float16'")
+        dtype, ctx = precision(device, cfg['dtype'])
         if start.startswith('FILE:'):
             try:
                 with open(start[5:], encoding='utf-8') as f:
@@ -58,7 +56,6 @@ def main(argv):
     if cfg['compile']:
         # in place: torch.compile(model) would return a wrapper whose generate() still calls the eager forward
         model.compile(dynamic=True)
-    ctx = nullcontext() if dtype == 'float32' else torch.autocast(device.split(':')[0], dtype=getattr(torch, dtype))
 
     ids = tok.encode(start) or [tok.eot]  # an empty prompt starts from end-of-text
     if max(ids) >= model.config.vocab_size:

@@ -25,7 +25,6 @@ import os
 import signal
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import fields
 from datetime import timedelta
 from types import SimpleNamespace
@@ -41,7 +40,7 @@ from configurator import configure, plain_globals
 from data.common import (DATA_DIR, DataError, atomic_write, load_meta, load_split, random_windows, unigram_entropy,
                          write_json)
 from memory import format_memory_plan, memory_plan
-from model import GPT, GPTConfig, load_checkpoint, pick_device
+from model import GPT, GPTConfig, load_checkpoint, pick_device, precision
 
 # -----------------------------------------------------------------------------------------------------------
 # default config: a tiny model on the offline pydocs corpus (byte-level) that learns visibly in about a minute on 2 CPU cores
@@ -176,9 +175,8 @@ def resolve(cfg, world):
         GPTConfig(**{f.name: getattr(cfg, f.name) for f in fields(GPTConfig)})  # the architecture's own checks
     except ValueError as e:
         raise SystemExit(f'error: {e}') from None
-    cuda = cfg.device.startswith('cuda')
-    cfg.dtype = cfg.dtype or ('bfloat16' if cuda and torch.cuda.is_bf16_supported() else 'float32')
-    cfg.backend = cfg.backend or ('nccl' if cuda else 'gloo')
+    cfg.dtype = precision(cfg.device, cfg.dtype)[0]
+    cfg.backend = cfg.backend or ('nccl' if cfg.device.startswith('cuda') else 'gloo')
     if cfg.init_from == 'auto':
         cfg.init_from = 'resume' if os.path.exists(os.path.join(cfg.out_dir, 'ckpt.pt')) else 'scratch'
     sequences = cfg.batch_size * cfg.gradient_accumulation_steps
@@ -337,13 +335,10 @@ def setup(cfg):
             torch.cuda.set_device(device)
         dist.init_process_group(backend=cfg.backend, timeout=COLLECTIVE_TIMEOUT)
     device_type = device.split(':')[0]
-    if device_type == 'cuda':
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
     ptdtype = getattr(torch, cfg.dtype)
     env = SimpleNamespace(ddp=ddp, fsdp=cfg.fsdp and ddp, ddp_module=None, rank=rank, local_rank=local_rank, world=world,
                           master=rank == 0, device=device, device_type=device_type, ptdtype=ptdtype, stop=[],
-                          ctx=nullcontext() if ptdtype == torch.float32 else torch.autocast(device_type, dtype=ptdtype))
+                          ctx=precision(device, cfg.dtype)[1])
 
     def request_stop(signum, frame):  # acted on at the next step, by every process at once
         env.stop.append(signal.Signals(signum).name)
@@ -481,11 +476,13 @@ def train_step(cfg, env, run, it):
     if cfg.dropout > 0:  # dropout masks: a function of the step (reseeding costs ~0.4 ms, so only when needed)
         torch.manual_seed(derived_seed(cfg.seed, 'dropout', env.rank, it))
     n = cfg.batch_size * cfg.gradient_accumulation_steps
-    starts = train_windows(cfg.seed, it, run.n_train, cfg.block_size, n)
     parts = micro_batches(n, env.world, env.rank, cfg.batch_size)
-    mine = slice(parts[0][0], sum(parts[-1]))  # this process's windows in the step
-    batch = run.prefetched.pop(it, None) or get_batch(run.train_data, starts[mine][:parts[0][1]], cfg.block_size,
-                                                      env.device)
+
+    def micro_batch(step, k):  # (inputs, targets) of this process's k-th micro-batch of a step, on the device
+        first, count = parts[k]
+        return get_batch(run.train_data, windows[step][first:first + count], cfg.block_size, env.device)
+    windows = {step: train_windows(cfg.seed, step, run.n_train, cfg.block_size, n) for step in (it, it + 1)}
+    batch = run.prefetched.pop(it, None) or micro_batch(it, 0)
     loss_sum = torch.zeros((), device=env.device)
     for k, (_, count) in enumerate(parts):
         if env.ddp_module:  # DDP all-reduces on the last micro-step only; FSDP reduce-scatters every one
@@ -493,8 +490,7 @@ def train_step(cfg, env, run, it):
         with env.ctx:
             _, loss = run.model(*batch)
         if k + 1 < len(parts):  # the next micro-batch's copy overlaps this backward
-            first, size = parts[k + 1]
-            batch = get_batch(run.train_data, starts[first:first + size], cfg.block_size, env.device)
+            batch = micro_batch(it, k + 1)
         # weighted by its share of the step: the gradients' average over processes is the step's mean
         (loss * (count * env.world / n)).backward()
         loss_sum += loss.detach().float() * (count / n)
@@ -505,9 +501,8 @@ def train_step(cfg, env, run, it):
                          torch.tensor(float(bool(env.stop)), device=env.device)])
     if env.ddp:
         dist.all_reduce(stats)
-    # the next step's first micro-batch, copied while the device is still busy with this one
-    run.prefetched = {it + 1: get_batch(run.train_data, train_windows(cfg.seed, it + 1, run.n_train, cfg.block_size, n)
-                                        [mine][:parts[0][1]], cfg.block_size, env.device)}
+    if it + 1 < cfg.max_iters:  # the next step's first micro-batch, copied while the device is still busy
+        run.prefetched = {it + 1: micro_batch(it + 1, 0)}
     loss, grad_norm, stop = stats.tolist()  # the step's one host sync; the same on every process
     return loss, grad_norm, stop > 0
 
@@ -516,16 +511,16 @@ def train_step(cfg, env, run, it):
 def mean_loss(cfg, env, run, data, starts):
     """Mean loss over the windows; each process takes an equal share, the sums are all-reduced."""
     run.raw.eval()
-    total = torch.zeros(2, device=env.device)
+    total = torch.zeros((), device=env.device)
     for first, count in micro_batches(len(starts), env.world, env.rank, cfg.batch_size):
         X, Y = get_batch(data, starts[first:first + count], cfg.block_size, env.device)
         with env.ctx:
             _, loss = run.raw(X, Y)
-        total += torch.stack([loss.float() * count, torch.tensor(float(count), device=env.device)])
+        total += loss.float() * count
     if env.ddp:
         dist.all_reduce(total)
     run.raw.train()
-    return (total[0] / total[1]).item()
+    return total.item() / len(starts)
 
 
 def evaluate(cfg, env, run, it):
