@@ -52,9 +52,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from batches import open_training_data
+from checkpoint import CHECKPOINTS, checkpoint_file, load_checkpoint
 from configurator import configure
 from data.common import DataError, atomic_write, load_split, random_windows, write_json
-from model import CHECKPOINTS, checkpoint_file, load_checkpoint, pick_device
+from model import ViT, pick_device
 
 COMMANDS = ("saturation", "spectra", "rank", "alpha", "all")
 DEFAULTS = dict(ckpt="latest", windows=50, seed=1337, block_size=0, batch_size=10, device="auto",
@@ -220,16 +222,26 @@ def alpha_vs_std(norm_stats):
 
 def measurement_windows(model, ckpt, opts):
     """The fixed random windows the forward measurements use: from the train split, inside the checkpoint's
-    data budget (its train_tokens prefix: the data the model was trained on) unless --train_tokens says otherwise."""
+    data budget (its train_tokens prefix: the data the model was trained on) unless --train_tokens says otherwise.
+    For a ViT: `windows` train images, the ones train.py evaluates on when the seed is its EVAL_SEED (1337)."""
     cfg = ckpt.get("config", {})
     dataset = opts["dataset"] or cfg.get("dataset")
     if not dataset:
         raise SystemExit("analyze.py: the checkpoint does not name its dataset; pass --dataset=NAME")
+    data_dir = opts["data_dir"] or (None if opts["dataset"] else cfg.get("data_dir"))
+    if isinstance(model, ViT):  # train.py's fixed eval images (with this seed), un-augmented, normalised
+        try:
+            _, data = open_training_data(dataset, data_dir, 0, None, None, opts["windows"], opts["seed"])
+        except DataError as e:
+            raise SystemExit(f"analyze.py: {e}\n(or point to the data with --dataset=NAME / --data_dir=DIR)") from None
+        if data.unit != "images":
+            raise SystemExit(f"analyze.py: dataset '{dataset}' is not image data: pass the ViT's --dataset=NAME")
+        return dataset, data.batch("train", data.eval_ids["train"], "cpu")[0], data.n_train
     block_size = opts["block_size"] or model.config.block_size
     if block_size > model.config.block_size:
         raise SystemExit(f"analyze.py: --block_size={block_size} exceeds the model's {model.config.block_size}")
     try:
-        data = load_split(dataset, "train", opts["data_dir"] or (None if opts["dataset"] else cfg.get("data_dir")))
+        data = load_split(dataset, "train", data_dir)
     except DataError as e:
         raise SystemExit(f"analyze.py: {e}\n(or point to the data with --dataset=NAME / --data_dir=DIR)") from None
     budget = cfg.get("train_tokens") if opts["train_tokens"] < 0 else opts["train_tokens"]
@@ -258,8 +270,8 @@ def analyze(path, command, opts):
                norm=model.config.norm, model_args=ckpt["model_args"])
     if want("saturation") or want("alpha") or want("rank"):
         res["dataset"], windows, tokens = measurement_windows(model, ckpt, opts)
-        res["windows"] = dict(count=len(windows), block_size=windows.shape[1], seed=opts["seed"], split="train",
-                              tokens=tokens)
+        res["windows"] = dict(count=len(windows), block_size=model.config.block_size if isinstance(model, ViT)
+                              else windows.shape[1], seed=opts["seed"], split="train", tokens=tokens)
         fs = forward_stats(model, windows, opts["batch_size"], block_ranks=want("rank"))
         ns = fs["norm"]
     if want("saturation"):

@@ -6,6 +6,7 @@ torch.compile are set as train.py sets them, so that the figures mean what train
     python bench.py                       # the shape below, on cuda, else mps, else cpu
     python bench.py --device=cpu --steps=15
     python bench.py --device=cuda --n_layer=12 --n_embd=768 --n_head=12 --block_size=1024 --compile=True
+    python bench.py --vit=True --batch_size=128  # the vision check's ViT (config/vision.py) in images/s
     python bench.py --help                # the keys and their defaults
 """
 import sys
@@ -16,7 +17,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from configurator import configure, plain_globals
-from model import GPT, NORMS, GPTConfig, pick_device, precision
+from model import GPT, NORMS, GPTConfig, ViT, ViTConfig, pick_device, precision
 
 # -----------------------------------------------------------------------------------------------------------
 n_layer = 4
@@ -31,6 +32,7 @@ warmup = 3  # untimed steps first; with compile=True they include the compilatio
 device = None  # None = 'cuda' if available, else 'mps', else 'cpu' (model.pick_device)
 dtype = None  # 'float32' or 'bfloat16' (autocast); None = bfloat16 on CUDA when supported, else float32
 compile = False  # torch.compile each model before timing
+vit = False  # True: the study's ViT (6 layers, 4 heads, width 256, 4x4 patches of 32x32 images) per norm instead
 # -----------------------------------------------------------------------------------------------------------
 DEFAULTS = plain_globals(globals())
 ATTNS = ('standard', 'diff')
@@ -92,10 +94,19 @@ def main(argv):
     sync = {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(torch.device(dev).type, lambda: None)
 
     torch.manual_seed(0)
-    variants = {'plain nanoGPT-style (LayerNorm)': PlainGPT(**shape)}
-    for attn in ATTNS:
-        for norm in NORMS:
-            variants[f"norm={norm} attn={attn}"] = GPT(GPTConfig(**shape, norm=norm, attn=attn))
+    B, T = cfg['batch_size'], cfg['block_size']
+    if cfg['vit']:
+        variants = {f'ViT norm={norm}': ViT(ViTConfig(n_layer=6, n_head=4, n_embd=256, bias=True, norm=norm))
+                    for norm in NORMS}
+        inputs, targets, unit, per_step = torch.randn(B, 3, 32, 32), torch.randint(10, (B,)), 'images', B
+        shape = dict(n_layer=6, n_head=4, n_embd=256, patch_size=4)
+    else:
+        variants = {'plain nanoGPT-style (LayerNorm)': PlainGPT(**shape)}
+        for attn in ATTNS:
+            for norm in NORMS:
+                variants[f"norm={norm} attn={attn}"] = GPT(GPTConfig(**shape, norm=norm, attn=attn))
+        inputs = targets = torch.randint(0, cfg['vocab_size'], (B, T))
+        unit, per_step = 'tokens', B * T
     variants = {name: model.to(dev).train() for name, model in variants.items()}
     if cfg['compile']:
         # The GPT variants share GPT.forward's code: each one is a recompile of it, and past the limit (8 by
@@ -103,28 +114,27 @@ def main(argv):
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, len(variants))
         variants = {name: torch.compile(model) for name, model in variants.items()}
 
-    def step_time(model, idx):  # the previous step ended with sync(): the clock starts on an idle device
+    def step_time(model, x, y):  # the previous step ended with sync(): the clock starts on an idle device
         t0 = time.perf_counter()
         model.zero_grad(set_to_none=True)
         with ctx:
-            _, loss = model(idx, idx)
+            _, loss = model(x, y)
         loss.backward()
         sync()
         return time.perf_counter() - t0
 
-    B, T = cfg['batch_size'], cfg['block_size']
     print(f"shape {shape}, batch {B}, device {dev}, dtype {dtype}, compile {cfg['compile']}, threads "
           f"{torch.get_num_threads()}; median of {cfg['steps']} steps after {cfg['warmup']} warm-up, the variants "
           "taking turns step by step")
-    idx = torch.randint(0, cfg['vocab_size'], (B, T), device=dev)
+    inputs, targets = inputs.to(dev), targets.to(dev)
     times = {name: [] for name in variants}
     for i in range(cfg['warmup'] + cfg['steps']):  # interleaved: a slow spell of the machine hits every variant alike
         for name, model in variants.items():
-            dt = step_time(model, idx)
+            dt = step_time(model, inputs, targets)
             if i >= cfg['warmup']:
                 times[name].append(dt)
     for name, ts in times.items():
-        print(f"{name:34s} {B * T / sorted(ts)[len(ts) // 2]:12,.0f} tokens/s")
+        print(f"{name:34s} {per_step / sorted(ts)[len(ts) // 2]:12,.0f} {unit}/s")
 
 
 if __name__ == '__main__':

@@ -56,10 +56,11 @@ from collections import defaultdict
 
 import torch
 
+from checkpoint import checkpoint_file, load_checkpoint
 from data.blimp import prepare as blimp
 from data.common import DataError, get_tokenizer, load_meta, load_split, write_json
 from data.lambada import prepare as lambada
-from model import checkpoint_file, load_checkpoint, pick_device, precision
+from model import pick_device, precision
 
 TASKS = ("lambada", "blimp", "wikitext", "val")
 
@@ -184,7 +185,7 @@ def check_checkpoint(path, args):
     fetched or scored; keeps what planning needs. A run directory becomes its --ckpt file from here on."""
     path = checkpoint_file(path, args.ckpt)
     try:
-        model, ckpt = load_checkpoint(path, device="meta")
+        model, ckpt = load_checkpoint(path, device="meta", language_model=True)
         tokenizer = ckpt.get("tokenizer", "gpt2")  # nanoGPT checkpoints predate the field and are all GPT-2 BPE
         tok = get_tokenizer(tokenizer, args.tiktoken_file or ckpt.get("config", {}).get("tiktoken_file"))
     except (FileNotFoundError, ValueError, DataError) as e:

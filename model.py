@@ -6,18 +6,16 @@ Flags switch, each in one obvious place below:
   attn: 'standard' | 'diff' (Differential Attention)   -> CausalSelfAttention
   mlp:  'gelu' | 'swiglu'                              -> MLP
   pos:  'learned' | 'rope'                             -> GPT.forward / apply_rope()
+ViT (end of the file) is the same blocks with non-causal attention, for the vision check on CIFAR-10.
 The defaults are nanoGPT's GPT-2, and parameter names are nanoGPT's, so its checkpoints load as they are.
 Formulas follow the DyT paper (Zhu et al. 2025), the Derf paper (Chen et al. 2025), microsoft/unilm's
 Diff-Transformer (Ye et al. 2025) and Llama.
 """
 import hashlib
 import math
-import os
-import pickle
 import re
-import zipfile
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
@@ -234,15 +232,17 @@ def apply_rope(x, cos, sin):
 
 
 class CausalSelfAttention(nn.Module):
-    """Standard multi-head attention, or Differential Attention (Ye et al. 2025) with attn='diff'.
+    """Standard multi-head attention, or Differential Attention (Ye et al. 2025) with attn='diff'; causal (GPT) or,
+    with causal=False, every position attending to every other (ViT).
 
     Differential Attention keeps the baseline's projection shapes: Q and K are read as n_head heads of
     head_dim and paired up (2i, 2i+1), V as n_head/2 heads of 2*head_dim. Diff head i outputs
     (softmax(q_2i k^T s) - lambda * softmax(q_2i+1 k^T s)) v_i, then a per-head RMSNorm and * (1 - lambda_init).
     """
 
-    def __init__(self, config, layer_idx):
+    def __init__(self, config, layer_idx, causal=True):
         super().__init__()
+        self.causal = causal
         self.n_head, self.n_kv_head = config.n_head, config.n_kv_head or config.n_head
         self.head_dim = config.n_embd // config.n_head
         self.kv_dim = self.n_kv_head * self.head_dim
@@ -269,7 +269,7 @@ class CausalSelfAttention(nn.Module):
         if not self.diff:
             k = k.repeat_interleave(rep, dim=1)
             v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2).repeat_interleave(rep, dim=1)
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=self.causal)
         else:
             # Diff head i reads key pair (2m, 2m+1) and value head m, m = i // rep (GQA as in the flashdiff reference).
             k = k.view(B, self.n_kv_head // 2, 2, T, self.head_dim).repeat_interleave(rep, dim=1)
@@ -278,7 +278,7 @@ class CausalSelfAttention(nn.Module):
             v = v.repeat_interleave(rep, dim=1).repeat_interleave(2, dim=1)  # both maps of diff head i read v_i
             # Fast kernels want equal q/k/v head sizes: attend to each half of V (the reference "flashdiff" form).
             # With dropout each half draws its own mask; the reference has no attention dropout at all.
-            y = torch.cat([F.scaled_dot_product_attention(q, k, vh, dropout_p=dropout_p, is_causal=True)
+            y = torch.cat([F.scaled_dot_product_attention(q, k, vh, dropout_p=dropout_p, is_causal=self.causal)
                            for vh in v.split(self.head_dim, dim=-1)], dim=-1)
             y = y.view(B, self.n_head // 2, 2, T, 2 * self.head_dim)
             lam = (torch.exp(torch.dot(self.lambda_q1.float(), self.lambda_k1.float()))
@@ -314,10 +314,10 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
 
-    def __init__(self, config, layer_idx):
+    def __init__(self, config, layer_idx, causal=True):
         super().__init__()
         self.ln_1 = make_norm(config, config.dyt_alpha_attn)
-        self.attn = CausalSelfAttention(config, layer_idx)
+        self.attn = CausalSelfAttention(config, layer_idx, causal)
         self.ln_2 = make_norm(config, config.dyt_alpha_ffn)
         self.mlp = MLP(config)
 
@@ -355,7 +355,7 @@ class GPT(nn.Module):
     def materialize(self, device):
         """Allocate a model built on 'meta' (sharded or not) on `device` and initialise it as if built there."""
         self.to_empty(device=device)
-        if self.lm_head.weight is not self.transformer.wte.weight:  # to_empty gave each reference its own tensor
+        if 'wte' in self.transformer:  # to_empty gave each reference to the tied weight its own tensor
             self.transformer.wte.weight = self.lm_head.weight
         self.init_weights()
         return self
@@ -492,6 +492,91 @@ class GPT(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# The vision check: a ViT (Dosovitskiy et al. 2021) of the same blocks, attention made non-causal
+
+@dataclass
+class ViTConfig(GPTConfig):
+    """A GPTConfig for images: the block fields (norm, attn, mlp, dyt_alpha*, ...) mean the same; the sequence is
+    the image's patches, plus a class token with pool='cls'."""
+    image_size: int = 32
+    channels: int = 3
+    n_classes: int = 10
+    patch_size: int = 4
+    # 'cls': a learned class token, read out after the final norm (ViT, and DeiT, the DyT paper's vision models);
+    # 'mean': the mean of the patches' outputs
+    pool: str = 'cls'
+    block_size: int = field(default=0, init=False)  # tokens per image, from the sizes
+    vocab_size: int = field(default=0, init=False)  # no vocabulary
+
+    def __post_init__(self):
+        if self.pool not in ('cls', 'mean'):
+            raise ValueError(f"pool={self.pool!r} is not known; choose 'cls' or 'mean'")
+        if self.pos != 'learned':
+            raise ValueError("a ViT needs pos='learned': this RoPE is 1-D, an image's patches are 2-D")
+        if self.patch_size < 1 or self.image_size % self.patch_size:
+            raise ValueError(f"patch_size={self.patch_size} must divide image_size={self.image_size}")
+        self.block_size = (self.image_size // self.patch_size) ** 2 + (self.pool == 'cls')
+        super().__post_init__()
+
+
+class ViT(GPT):
+    """Patches -> one linear layer (a convolution with stride = kernel = patch_size) (+ class token) + learned
+    positions -> GPT's blocks, attention non-causal -> final norm -> class token or mean -> linear classifier.
+    GPT's init (by parameter name), norm statistics, optimizer and MFU apply as they are."""
+
+    def __init__(self, config):
+        nn.Module.__init__(self)  # GPT's layers are not built: only the blocks and the final norm are shared
+        self.config = config
+        self.init_seed = int(torch.randint(2 ** 62, (), device='cpu'))  # as in GPT: drawn first
+        self.transformer = nn.ModuleDict(dict(
+            patch=nn.Linear(config.channels * config.patch_size ** 2, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config, i, causal=False) for i in range(config.n_layer)]),
+            ln_f=make_norm(config, config.dyt_alpha_final),
+        ))
+        # 1-D: no weight decay on it (AdamW's groups), as timm's ViT exempts its class token
+        self.cls_token = nn.Parameter(torch.empty(config.n_embd)) if config.pool == 'cls' else None
+        self.embed_scale = nn.Parameter(torch.full((1,), math.sqrt(config.n_embd))) if config.embed_scale else None
+        self.head = nn.Linear(config.n_embd, config.n_classes)
+        if self.head.weight.device.type != 'meta':
+            self.init_weights()
+
+    def hidden(self, images):
+        """(B, channels, H, W) float images -> the final norm's output (B, tokens, n_embd), the class token first."""
+        B, C, H, W = images.shape
+        p = self.config.patch_size
+        if (C, H, W) != (self.config.channels, self.config.image_size, self.config.image_size):
+            raise ValueError(f"images of shape {(C, H, W)}; this ViT takes "
+                             f"{(self.config.channels, self.config.image_size, self.config.image_size)}")
+        # each patch flattened in (channel, row, column) order, like a convolution kernel, patches row by row
+        x = images.unfold(2, p, p).unfold(3, p, p).permute(0, 2, 3, 1, 4, 5).reshape(B, -1, C * p * p)
+        x = self.transformer.patch(x)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(B, 1, -1).to(x.dtype), x], dim=1)
+        x = x + self.transformer.wpe.weight
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
+        x = self.transformer.drop(x)
+        for block in self.transformer.h:
+            x = block(x)
+        return self.transformer.ln_f(x)
+
+    def forward(self, images, targets=None):
+        """-> (class logits (B, n_classes), mean cross-entropy or None)."""
+        return self.head_loss(self.hidden(images), targets)
+
+    def head_loss(self, x, targets):
+        logits = self.head(x[:, 0] if self.cls_token is not None else x.mean(dim=1))
+        return logits, None if targets is None else F.cross_entropy(logits, targets)
+
+
+def build_model(model_args):
+    """The model that a checkpoint's model_args describe: a ViT's have a patch_size, a GPT's do not."""
+    return ViT(ViTConfig(**model_args)) if 'patch_size' in model_args else GPT(GPTConfig(**model_args))
+
+
+# ----------------------------------------------------------------------------------------------------------
 # The peak FLOP/s that MFU divides by
 
 # Dense (no 2:4 sparsity) tensor-core peaks in TFLOP/s: (name pattern, bfloat16, float32). NVIDIA's datasheets
@@ -561,80 +646,3 @@ def pick_device(device=None):
     if (kind == 'cuda' and not torch.cuda.is_available()) or (kind == 'mps' and not torch.backends.mps.is_available()):
         raise ValueError(f"device={device!r}, but this machine has no {kind} device; use device='cpu'")
     return device
-
-
-CHECKPOINTS = {'latest': 'ckpt.pt', 'best': 'best.pt'}  # a run directory's checkpoints, by the name users pick
-
-
-def checkpoint_file(path, which='latest'):
-    """The checkpoint file meant by `path`: a file as it is, a run directory's ckpt.pt ('latest', written at
-    every eval) or best.pt ('best', lowest val loss). sample.py, analyze.py and eval.py take `which` alike."""
-    if which not in CHECKPOINTS:
-        raise ValueError(f"{which!r} is not a checkpoint choice; use 'latest' (ckpt.pt) or 'best' (best.pt)")
-    return os.path.join(path, CHECKPOINTS[which]) if os.path.isdir(path) else str(path)
-
-
-def upgrade_checkpoint(ckpt):
-    """A checkpoint of an older version in this version's shapes, in place: embed_scale and its AdamW moments were
-    0-dim before the parameter became 1-element (FSDP2 cannot shard a 0-dim parameter)."""
-    moments = ckpt.get('optimizer', {}).get('state', {}).get('embed_scale', {})
-    for state in (ckpt['model'], moments):
-        state.update({k: v.reshape(1) for k, v in state.items() if k in ('embed_scale', 'exp_avg', 'exp_avg_sq')
-                      and v.dim() == 0})
-    return ckpt
-
-
-def strip_wrappers(key):
-    """A parameter name without the prefixes torch.compile ('_orig_mod.') and DDP ('module.') add, in any order."""
-    while key.startswith(('_orig_mod.', 'module.')):
-        key = key.removeprefix('_orig_mod.').removeprefix('module.')
-    return key
-
-
-def load_checkpoint(path, device='cpu', which='latest'):
-    """Load a train.py (or nanoGPT) checkpoint -> (model in eval mode, checkpoint dict).
-
-    `path` is a ckpt.pt/best.pt file or a run directory (its ckpt.pt, or best.pt with which='best'). Raises
-    FileNotFoundError or ValueError with a message that says what is wrong. device='meta' checks a checkpoint
-    (keys, shapes) without materialising its model: the file is memory-mapped and no weight is copied."""
-    path = checkpoint_file(path, which)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no checkpoint at {path}: give a run's out_dir or its ckpt.pt / best.pt "
-                                "(train one with `python train.py`)")
-    device = pick_device(device)
-    try:
-        ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)  # mmap: no second copy in RAM
-    except Exception as e:  # PyTorch's own message suggests save options that do not apply here
-        if not zipfile.is_zipfile(path):
-            why = 'it is not a complete checkpoint archive (truncated by an interrupted copy or a full disk?)'
-        elif isinstance(e, pickle.UnpicklingError):
-            why = 'it holds Python objects other than tensors and plain values; it was not written by train.py'
-        else:
-            why = f'the archive is damaged ({type(e).__name__})'
-        raise ValueError(f"cannot read checkpoint {path}: {why}. Copy it again, or use the run's other checkpoint "
-                         "(ckpt.pt / best.pt)") from None
-    if not isinstance(ckpt, dict) or 'model' not in ckpt or 'model_args' not in ckpt:
-        raise ValueError(f"{path} is not a training checkpoint: it needs 'model' and 'model_args' entries")
-    ckpt['model'] = {strip_wrappers(k): v for k, v in ckpt['model'].items()}
-    upgrade_checkpoint(ckpt)
-    try:
-        with torch.device(device):  # built where it runs: no full-size copy on the CPU first
-            model = GPT(GPTConfig(**ckpt['model_args']))
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{path}: its model_args do not describe a model this version builds: {e}") from None
-    state = {k: v.to('meta') if device == 'meta' else v for k, v in ckpt['model'].items()
-             if not k.endswith('.attn.bias')}  # old nanoGPT checkpoints also saved the causal mask
-    mismatch = f"{path}: the weights do not match its model_args (another architecture?):"
-    try:
-        result = model.load_state_dict(state, strict=False)
-    except RuntimeError as e:  # shapes differ; PyTorch lists every tensor, a few say enough
-        sizes = [line.strip().rstrip('.') for line in str(e).splitlines() if 'size mismatch' in line]
-        raise ValueError(f"{mismatch} {few(sizes)}") from None
-    if result.missing_keys or result.unexpected_keys:
-        raise ValueError(f"{mismatch} missing {few(result.missing_keys)}; unexpected {few(result.unexpected_keys)}")
-    return model.eval(), ckpt
-
-
-def few(items, n=3):
-    return ', '.join(items[:n]) + (f' and {len(items) - n} more' if len(items) > n else '') if items else 'none'
-

@@ -10,9 +10,10 @@ import sys
 
 import torch
 
+from checkpoint import CHECKPOINTS, checkpoint_file, load_checkpoint
 from configurator import configure, plain_globals
 from data.common import DataError, get_tokenizer
-from model import CHECKPOINTS, checkpoint_file, load_checkpoint, pick_device, precision
+from model import pick_device, precision
 
 # -----------------------------------------------------------------------------------------------------------
 out_dir = 'out'
@@ -48,7 +49,7 @@ def main(argv):
                     start = f.read()
             except (OSError, UnicodeDecodeError) as e:
                 raise SystemExit(f'error: cannot read the prompt file {start[5:]!r} (--start=FILE:path): {e}')
-        model, checkpoint = load_checkpoint(path, device)
+        model, checkpoint = load_checkpoint(path, device, language_model=True)
         tiktoken_file = cfg['tiktoken_file'] or checkpoint.get('config', {}).get('tiktoken_file')  # the run's own
         tok = get_tokenizer(checkpoint.get('tokenizer', 'gpt2'), tiktoken_file)
     except (FileNotFoundError, ValueError, DataError) as e:

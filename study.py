@@ -32,7 +32,7 @@ import train
 from analyze import DEFAULTS as ANALYZE_DEFAULTS
 from analyze import HEADLINE_T, analyze, fmt, pyplot, save_png
 from configurator import configure, run_config_file
-from data.common import DataError, atomic_write, load_split, unigram_entropy, write_json
+from data.common import DataError, atomic_write, load_split, read_log, unigram_entropy, write_json
 from model import POINTWISE, SAT_THRESHOLDS, GPTConfig
 
 REPO = os.path.dirname(os.path.abspath(__file__))
@@ -177,7 +177,7 @@ def run_cell(cell, cell_dir, nproc=1, poll=30.0, extra=()):
                 try:
                     proc.wait(timeout=poll)
                 except subprocess.TimeoutExpired:  # progress: the cell's latest evaluation, once each
-                    evals = train.read_log(os.path.join(cell_dir, 'log.jsonl'), lambda r: r['event'] == 'eval')
+                    evals = read_log(os.path.join(cell_dir, 'log.jsonl'), lambda r: r['event'] == 'eval')
                     if evals and evals[-1]['iter'] != shown:
                         shown = evals[-1]['iter']
                         print(f"    {cell['name']}: step {shown}, val loss {evals[-1]['val_loss']:.4f}", flush=True)
@@ -251,7 +251,7 @@ def cmd_run(argv):
 
 def eval_at(cell_dir, step):
     """The eval record of a run at the last evaluation at or before `step` (None if there is none after 0)."""
-    evals = train.read_log(os.path.join(cell_dir, 'log.jsonl'), lambda r: r['event'] == 'eval' and 0 < r['iter'] <= step)
+    evals = read_log(os.path.join(cell_dir, 'log.jsonl'), lambda r: r['event'] == 'eval' and 0 < r['iter'] <= step)
     return evals[-1] if evals else None
 
 
@@ -414,7 +414,8 @@ def collect(grid_dir, opts):
             steps = opts['screen_steps'] or cell.get('screen_steps', 500)
             early = eval_at(d, steps)
             early = early if early and early['iter'] == steps else None  # an evaluation at exactly that step
-            row.update(norm=cfg['norm'], n_params=s['n_params'], final=s['final_val_loss'], best=s['best_val_loss'], best_iter=s['best_iter'],
+            row.update(norm=cfg['norm'], n_params=s['n_params'], final=s['final_val_loss'], best=s['best_val_loss'],
+                       best_iter=s['best_iter'], acc=s.get('final_val_acc'),
                        final_iter=s['final_iter'], train_loss=s['final_train_loss'], unigram_entropy=entropy,
                        tokens_per_param=n_train / s['n_params'] if n_train else None,
                        sat=s['saturation'][AT_2] if s['saturation'] else None,
@@ -455,7 +456,7 @@ def summarize(rows):
                  norm=next((r['norm'] for r in runs if 'norm' in r), None),
                  excluded={r['name']: r['status'] for r in runs if r['status'] != 'finished'},
                  tokens_per_param=next((r['tokens_per_param'] for r in ok.values()), None))
-        for key in ('final', 'best', 'sat', 'screen_sat', 'best_iter', 'htsr_alpha', 'erank'):
+        for key in ('final', 'best', 'acc', 'sat', 'screen_sat', 'best_iter', 'htsr_alpha', 'erank'):
             vals = [r[key] for r in ok.values() if r.get(key) is not None]
             g[key] = float(np.mean(vals)) if vals else None
             g[key + '_std'] = float(np.std(vals, ddof=1)) if len(vals) > 1 else None
@@ -547,12 +548,14 @@ def markdown(grid_dir, rows, groups, rule, link, pub, opts):
     md = [f'# Study report: {grid_dir}', '', 'Runs: ' + ', '.join(f'{n} {st}' for st, n in counts.items() if n)
           + '. Means are over finished runs only; collapsed, diverged, failed and unfinished runs are listed below, '
           'never averaged in. Change = (variant - baseline) / baseline over seed means; in brackets each seed\'s '
-          'paired change and the paired t-test p-value over seeds.', '', '## Validation loss: final and best checkpoint', '']
+          'paired change and the paired t-test p-value over seeds. Val accuracy is next-token accuracy for language '
+          'runs, test-set accuracy for a ViT.', '', '## Validation loss: final and best checkpoint', '']
     md += table(['scale', 'budget', 'tokens/param', 'variant', 'n', 'final val loss', 'best val loss (mean step)',
-                 'change, final', 'change, best', 'saturation, end / screen'],
+                 'change, final', 'change, best', 'final val accuracy', 'saturation, end / screen'],
                 [[g['scale'], g['budget'], fmt(g['tokens_per_param'], '.3g'), g['variant'], g['n'],
                   pm(g['final'], g['final_std']), f"{pm(g['best'], g['best_std'])} ({fmt(g['best_iter'], '.0f')})",
-                  change_cell(g, 'final'), change_cell(g, 'best'), f"{fmt(g['sat'], '.3f')} / {fmt(g['screen_sat'], '.3f')}"]
+                  change_cell(g, 'final'), change_cell(g, 'best'), pm(g['acc'], g['acc_std']),
+                  f"{fmt(g['sat'], '.3f')} / {fmt(g['screen_sat'], '.3f')}"]
                  for g in groups])
 
     def with_ci(s, k):
@@ -592,23 +595,24 @@ def plots(report_dir, groups, opts):
         save_png(fig, os.path.join(report_dir, name))
         names.append(name)
     compared = [g for g in groups if g.get('change_final') is not None]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for ax, key in zip(axes, ('final', 'best')):
-        for scale, variant in dict.fromkeys((g['scale'], g['variant']) for g in compared):
-            line = sorted((g['tokens_per_param'], g[f'change_{key}'], g['budget']) for g in compared
-                          if (g['scale'], g['variant']) == (scale, variant) and g['tokens_per_param'])
-            ax.plot([x for x, _, _ in line], [y for _, y, _ in line], 'o-', label=f'{scale} {variant}')
-            for x, y, b in line:
-                ax.annotate(b, (x, y), fontsize=7, xytext=(3, 3), textcoords='offset points')
-        ax.axhline(0, c='gray', lw=0.8)
-        ax.set(xscale='log', xlabel='training tokens per parameter', title=f'{key} checkpoint')
-    study_64m = [(b, PUBLISHED['change_%']['64m', b, 'dyt']) for b in ('1M', '10M', '50M', 'all')]
-    axes[0].plot([tokens / 63.5e6 for tokens in (1e6, 10e6, 50e6, 118e6)], [x for _, x in study_64m], 'k--', alpha=0.4,
-                 label='Verma 2026, 64m dyt (published)')  # its final step; 63.5M parameters
-    axes[0].set_ylabel('val loss change vs LayerNorm (%)')
-    axes[0].legend(fontsize=8)
-    fig.suptitle('The sign flip: below 0, the variant beats LayerNorm')
-    save(fig, 'signflip.png')
+    if any(g['tokens_per_param'] for g in compared):  # token budgets (a ViT grid has none)
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+        for ax, key in zip(axes, ('final', 'best')):
+            for scale, variant in dict.fromkeys((g['scale'], g['variant']) for g in compared):
+                line = sorted((g['tokens_per_param'], g[f'change_{key}'], g['budget']) for g in compared
+                              if (g['scale'], g['variant']) == (scale, variant) and g['tokens_per_param'])
+                ax.plot([x for x, _, _ in line], [y for _, y, _ in line], 'o-', label=f'{scale} {variant}')
+                for x, y, b in line:
+                    ax.annotate(b, (x, y), fontsize=7, xytext=(3, 3), textcoords='offset points')
+            ax.axhline(0, c='gray', lw=0.8)
+            ax.set(xscale='log', xlabel='training tokens per parameter', title=f'{key} checkpoint')
+        study_64m = [(b, PUBLISHED['change_%']['64m', b, 'dyt']) for b in ('1M', '10M', '50M', 'all')]
+        axes[0].plot([tokens / 63.5e6 for tokens in (1e6, 10e6, 50e6, 118e6)], [x for _, x in study_64m], 'k--', alpha=0.4,
+                     label='Verma 2026, 64m dyt (published)')  # its final step; 63.5M parameters
+        axes[0].set_ylabel('val loss change vs LayerNorm (%)')
+        axes[0].legend(fontsize=8)
+        fig.suptitle('The sign flip: below 0, the variant beats LayerNorm')
+        save(fig, 'signflip.png')
     dyt = [g for g in compared if g['norm'] == 'dyt' and g['sat'] is not None]
     if dyt:
         fig, ax = plt.subplots(figsize=(6, 4))

@@ -1,23 +1,22 @@
 """
-Train a GPT variant (model.py) on a tokenized dataset (data/<name>/{train,val}.bin), on a CPU or with torchrun.
+Train a GPT variant (model.py) on a tokenized corpus, or a ViT on CIFAR-10, on a CPU or with torchrun.
 
   python train.py                                   # tiny model on the offline pydocs corpus: about a minute on 2 CPU cores
   python train.py config/gpt2_64m_dyt.py --train_tokens=1_000_000 --seed=42 --out_dir=out/dyt_1M_s42
   torchrun --standalone --nproc_per_node=8 train.py config/gpt2_64m_dyt.py
-  python train.py config/gpt2_64m_dyt.py --init_from=resume     # continue out_dir/ckpt.pt exactly
   python train.py config/gpt2_64m_dyt.py --init_from=auto       # resume if out_dir holds a run, else start one
+  python train.py config/vit_cifar10_dyt.py                     # image data: the model is a ViT
 
 Configuration (nanoGPT's convention, see configurator.py): the globals below are the defaults, then config
-files, then --key=value (`python train.py --help` lists them). Every GPTConfig field is a key too.
-A step trains on batch_size x gradient_accumulation_steps sequences on any number of processes, split evenly
-(micro_batches). A new run refuses an out_dir that already holds one (--overwrite=True replaces it).
-Writes to out_dir: config.json, log.jsonl (one JSON object per event), ckpt.pt (latest, every eval), best.pt
-(best val loss), summary.json (when the run ends, with its "status": "finished" or "diverged").
+files, then --key=value (`python train.py --help` lists them). Every GPTConfig/ViTConfig field is a key too.
+A step trains on batch_size x gradient_accumulation_steps samples on any number of processes, split evenly.
+A new run refuses an out_dir that already holds one (--overwrite=True replaces it). Writes to out_dir:
+config.json, log.jsonl (one JSON object per event), ckpt.pt (latest, every eval), best.pt (best val loss),
+summary.json (when the run ends, with its "status": "finished" or "diverged").
 SIGTERM, SIGUSR1 (Slurm's --signal) and Ctrl-C stop the run at the next step with ckpt.pt written; the same
 command with --init_from=auto continues it. Exit status: 0 finished; 3 diverged (the checkpoints are the last
 good ones); 4 stopped by a signal; 1 error (torchrun reports every non-zero status as 1: README "Training").
 """
-import hashlib
 import importlib.util
 import json
 import math
@@ -32,15 +31,14 @@ from typing import get_args, get_type_hints
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from batches import derived_seed, micro_batches, open_training_data
+from checkpoint import load_training_state, read_resume_checkpoint, save_checkpoint, training_state
 from configurator import configure, plain_globals
-from data.common import (DATA_DIR, DataError, atomic_write, load_meta, load_split, random_windows, unigram_entropy,
-                         write_json)
+from data.common import DATA_DIR, DataError, atomic_write, read_log, write_json
 from memory import format_memory_plan, memory_plan
-from model import GPT, GPTConfig, load_checkpoint, pick_device, precision
+from model import GPTConfig, ViTConfig, build_model, pick_device, precision
 
 # -----------------------------------------------------------------------------------------------------------
 # default config: a tiny model on the offline pydocs corpus (byte-level) that learns visibly in about a minute on 2 CPU cores
@@ -48,7 +46,7 @@ from model import GPT, GPTConfig, load_checkpoint, pick_device, precision
 out_dir = 'out'
 eval_interval = 100
 log_interval = 10
-eval_iters = 10  # batches per split per evaluation
+eval_iters = 10  # batches per split per evaluation (image data: val is always the whole test set)
 eval_only = False
 always_save_checkpoint = True  # False: ckpt.pt only rewritten when val loss improves, and at the end (nanoGPT)
 init_from = 'scratch'  # 'scratch', 'resume' (from out_dir/ckpt.pt) or 'auto' (resume if there is one: requeued jobs)
@@ -56,16 +54,16 @@ overwrite = False  # a scratch run refuses an out_dir that holds a run (sweeps m
 wandb_log = False
 wandb_project = 'nanonorm'
 wandb_run_name = 'run'
-# data
+# data: token data trains a GPT, image data (cifar10) a ViT
 dataset = 'pydocs'
 data_dir = None  # folder with train.bin, val.bin, meta.json; None = data/<dataset>
 train_tokens = None  # data budget: random windows inside the first train_tokens train tokens only; None = all
 val_tokens = None  # evaluate on the first val_tokens val tokens (the same for every budget); None = all
 tiktoken_file = None  # GPT-2 .tiktoken ranks file for offline machines (recorded for sample.py)
-gradient_accumulation_steps = 1  # micro-batches per step in all (batch_size x this = sequences per step)
-batch_size = 16  # sequences per micro-batch, at most
-block_size = 128
-# model (every other GPTConfig field is a key with GPTConfig's default)
+gradient_accumulation_steps = 1  # micro-batches per step in all (batch_size x this = samples per step)
+batch_size = 16  # samples (sequences or images) per micro-batch, at most
+block_size = 128  # tokens per sequence (a ViT's come from image_size and patch_size)
+# model (every other GPTConfig/ViTConfig field is a key with its default; a ViT's image size and classes come from the data)
 n_layer = 4
 n_head = 4
 n_embd = 128
@@ -95,27 +93,23 @@ fsdp = False  # under torchrun: shard parameters, gradients and optimizer state 
 peak_flops = None  # the device's peak FLOP/s for MFU; None = model.peak_flops (known GPUs by name and dtype; no MFU on CPU)
 seed = 1337
 # -----------------------------------------------------------------------------------------------------------
-for _f in fields(GPTConfig):
-    globals().setdefault(_f.name, _f.default)
+DATA_DIMS = ('image_size', 'channels', 'n_classes')  # a ViT's, from the data
+for _f in fields(ViTConfig):
+    if _f.init and _f.name not in DATA_DIMS:
+        globals().setdefault(_f.name, _f.default)
 DEFAULTS = plain_globals(globals())
-# types of the keys that default to None; GPTConfig's take the one their annotation names (`int | None` -> int)
+# types of the keys that default to None; the configs' take the one their annotation names (`int | None` -> int)
 OPTIONAL_TYPES = dict(data_dir=str, train_tokens=int, val_tokens=int, tiktoken_file=str, vocab_size=int,
                       spike_factor=float, device=str, dtype=str, backend=str, peak_flops=float)
 OPTIONAL_TYPES.update({k: get_args(hint)[0] for k, hint in get_type_hints(GPTConfig).items()
                        if type(None) in get_args(hint)})
-# The train-split eval windows (loss and saturation) are analyze.py's: data.common.random_windows with this seed.
-# So they are the same at every eval, and the same in every run with equal train_tokens and block_size.
+# The fixed train-split eval samples: for token data analyze.py's windows (data.common.random_windows, this seed).
 EVAL_SEED = 1337
-COLLAPSE_MARGIN = 0.1  # nats: a train loss this close to the budget's unigram entropy = token frequencies only
+COLLAPSE_MARGIN = 0.1  # nats: a train loss this close to the entropy of the token (class) frequencies
 EXIT_DIVERGED, EXIT_STOPPED = 3, 4
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 # long enough for rank 0 to write a 3.78b checkpoint (45 GB) while the others wait at a barrier
 COLLECTIVE_TIMEOUT = timedelta(minutes=60)
-
-
-def derived_seed(*parts):
-    """A seed determined by all of its parts (run seed, purpose, step, ...): independent reproducible streams."""
-    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), 'little') >> 1
 
 
 def get_lr(it, cfg):
@@ -129,185 +123,13 @@ def get_lr(it, cfg):
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
 
 
-def train_windows(seed, it, n_tokens, block_size, count):
-    """Start offsets of the `count` training windows of step `it`. They depend on (seed, it) only, so a resumed
-    or multi-process run sees exactly the windows of an uninterrupted single-process run. A window and its
-    shifted targets lie inside the first n_tokens tokens: start <= n_tokens - block_size - 1."""
-    g = torch.Generator().manual_seed(derived_seed(seed, 'train', it))
-    return torch.randint(n_tokens - block_size, (count,), generator=g)
-
-
-def micro_batches(n, world, rank, batch_size):
-    """This process's share of n sequences as (first, count) micro-batches. Shares differ by one sequence at most
-    and every process runs the same number of micro-batches (FSDP's collectives need that), of <= batch_size."""
-    lo, hi = rank * n // world, (rank + 1) * n // world
-    count = -(-(-(-n // world)) // batch_size)  # ceil(ceil(n / world) / batch_size)
-    bounds = [lo + (hi - lo) * k // count for k in range(count + 1)]
-    return [(a, b - a) for a, b in zip(bounds, bounds[1:])]
-
-
-def get_batch(data, starts, block_size, device):
-    x = torch.stack([torch.from_numpy(data[i:i + block_size].astype('int64')) for i in starts.tolist()])
-    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype('int64')) for i in starts.tolist()])
-    if 'cuda' in str(device):  # pinned, so the copy overlaps the work already queued on the GPU
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x.to(device), y.to(device)
-
-
-def read_log(path, keep):
-    """The parseable records of a log.jsonl that satisfy keep(record) (a torn last line is dropped)."""
-    records = []
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass
-    return [r for r in records if keep(r)]
-
-
-def resolve(cfg, world):
-    """Fill in the automatic choices (device, dtype, backend, init_from=auto) and check every value before
-    anything is read or written."""
-    try:
-        cfg.device = pick_device(cfg.device)
-        GPTConfig(**{f.name: getattr(cfg, f.name) for f in fields(GPTConfig)})  # the architecture's own checks
-    except ValueError as e:
-        raise SystemExit(f'error: {e}') from None
-    cfg.dtype = precision(cfg.device, cfg.dtype)[0]
-    cfg.backend = cfg.backend or ('nccl' if cfg.device.startswith('cuda') else 'gloo')
-    if cfg.init_from == 'auto':
-        cfg.init_from = 'resume' if os.path.exists(os.path.join(cfg.out_dir, 'ckpt.pt')) else 'scratch'
-    sequences = cfg.batch_size * cfg.gradient_accumulation_steps
-    checks = [(cfg.init_from in ('scratch', 'resume'), "init_from must be 'scratch', 'resume' or 'auto'"),
-              (cfg.init_from == 'resume' or cfg.overwrite or cfg.eval_only
-               or not os.path.exists(os.path.join(cfg.out_dir, 'ckpt.pt')),
-               f'{cfg.out_dir} already holds a run (ckpt.pt); pass --out_dir=NEW, --init_from=resume (or auto), '
-               f'or --overwrite=True'),
-              (cfg.dtype in ('float32', 'bfloat16'), "dtype must be 'float32' or 'bfloat16'"),
-              (min(cfg.eval_interval, cfg.log_interval, cfg.eval_iters, cfg.batch_size, cfg.block_size,
-                   cfg.gradient_accumulation_steps) > 0, 'eval_interval, log_interval, eval_iters, batch_size, '
-               'block_size and gradient_accumulation_steps must be positive'),
-              (cfg.max_iters >= 0, f'max_iters ({cfg.max_iters}) must be >= 0 (0 = evaluate the initial model)')]
-    for n, what in ((sequences, 'batch_size x gradient_accumulation_steps sequences per step'),
-                    (cfg.eval_iters * cfg.batch_size, 'eval_iters x batch_size eval windows')):
-        checks.append((n <= 0 or all(c > 0 for r in range(world) for _, c in micro_batches(n, world, r, cfg.batch_size)),
-                       f'{what} ({n}) are too few to give each of {world} processes the same number of '
-                       'micro-batches; raise them or use fewer processes'))
-    checks.append((not cfg.wandb_log or importlib.util.find_spec('wandb'),
-                   'wandb_log=True, but wandb is not installed (pip install wandb)'))
-    for ok, message in checks:
-        if not ok:
-            raise SystemExit(f'error: {message}')
-
-
-def open_data(cfg, master, ddp):
-    """(train tokens inside the budget, val tokens, meta); sets vocab_size; prepares the default corpus if missing."""
-    try:
-        default_missing = not os.path.exists(os.path.join(DATA_DIR, 'pydocs', 'meta.json'))
-        if cfg.dataset == 'pydocs' and cfg.data_dir is None and default_missing:
-            if master:
-                from data.pydocs.prepare import prepare
-                prepare()
-            if ddp:
-                dist.barrier()
-        meta = load_meta(cfg.dataset, data_dir=cfg.data_dir)
-        train, val = (load_split(cfg.dataset, s, data_dir=cfg.data_dir) for s in ('train', 'val'))
-    except DataError as e:
-        raise SystemExit(f'error: {e}') from None
-    if cfg.vocab_size is None:
-        cfg.vocab_size = -(-meta['vocab_size'] // 64) * 64
-    elif cfg.vocab_size < meta['vocab_size']:
-        raise SystemExit(f"error: vocab_size={cfg.vocab_size} is smaller than the dataset's vocabulary "
-                         f"({meta['vocab_size']} in meta.json); use vocab_size=None (padded automatically)")
-    n_train = len(train) if cfg.train_tokens is None else cfg.train_tokens
-    if not cfg.block_size < n_train <= len(train):
-        raise SystemExit(f'error: train_tokens={cfg.train_tokens} must be between block_size+1 ({cfg.block_size + 1}) '
-                         f'and the size of the train split ({len(train):,} tokens)')
-    val = val[:cfg.val_tokens]
-    if len(val) <= cfg.block_size:
-        raise SystemExit(f'error: the val split ({len(val):,} tokens, val_tokens={cfg.val_tokens}) is shorter than '
-                         f'block_size+1 ({cfg.block_size + 1})')
-    return train[:n_train], val, meta
-
-
-def read_resume_checkpoint(cfg, model_args, n_train, master):
-    """The checkpoint to resume from, checked against the config (on every process: memory-mapped, no copy)."""
-    ckpt_path = os.path.join(cfg.out_dir, 'ckpt.pt')
-    try:  # model.py's reader: clear errors for a missing, corrupt or foreign file (checked on 'meta': no copy)
-        _, ckpt = load_checkpoint(ckpt_path, device='meta')
-    except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"error: init_from='resume': {e}") from None
-    missing = [k for k in ('optimizer', 'config', 'iter_num', 'best_val_loss', 'best_iter', 'guard',
-                           'last_eval', 'sampler') if k not in ckpt]
-    if missing:
-        raise SystemExit(f"error: {ckpt_path} lacks {', '.join(missing)}: it was not written by this train.py "
-                         "and cannot be resumed exactly; start a new run in a new out_dir")
-    changed = [f'{k} (checkpoint {ckpt["model_args"].get(k)!r}, config {v!r})'
-               for k, v in model_args.items() if ckpt['model_args'].get(k) != v and k != 'dropout']
-    if changed:
-        raise SystemExit('error: the config changes the architecture of the run being resumed: '
-                         + ', '.join(changed) + ". Keep the checkpoint's values or use a new out_dir.")
-    notes = []
-    if ckpt['model_args'].get('dropout') != cfg.dropout:
-        notes.append(f"note: dropout changes from {ckpt['model_args'].get('dropout')} to {cfg.dropout}")
-    if ckpt['config'].get('dataset') != cfg.dataset:
-        notes.append(f"warning: resuming a run trained on dataset {ckpt['config'].get('dataset')!r} "
-                     f"with dataset {cfg.dataset!r}")
-    if (ckpt['sampler']['seed'], ckpt['sampler']['train_tokens']) != (cfg.seed, n_train):
-        notes.append(f"warning: resuming with seed/train_tokens {cfg.seed}/{n_train:,} where the checkpoint "
-                     f"has {ckpt['sampler']['seed']}/{ckpt['sampler']['train_tokens']:,}: the data order changes")
-    if master and notes:
-        print('\n'.join(notes))
-    return ckpt
-
-
-def build_model(cfg, model_args, env):
-    """(raw model, the module the training step calls): DDP then compile (the gradient all-reduce overlaps the
-    compiled backward: DDPOptimizer splits the graph at bucket boundaries), or under FSDP each block compiled,
-    then sharded, built on the meta device and materialised only as shards. fp32 parameters with bf16 autocast
-    in both cases, so every scale trains with the same numerics."""
-    torch.manual_seed(cfg.seed)
-    if not env.fsdp:
-        raw = GPT(GPTConfig(**model_args)).to(env.device)
-        env.ddp_module = DDP(raw, device_ids=[env.local_rank] if env.device_type == 'cuda' else None,
-                             broadcast_buffers=False) if env.ddp else None  # statistics buffers are sums: not broadcast
-        model = env.ddp_module or raw
-        return raw, torch.compile(model) if cfg.compile else model
-    from torch.distributed.fsdp import fully_shard
-    with torch.device('meta'):  # no process ever holds the whole model
-        raw = GPT(GPTConfig(**model_args))
-    if cfg.compile:  # the blocks one by one (FSDP's hooks stay outside the graphs), and the output layer + loss
-        for block in raw.transformer.h:
-            block.forward = torch.compile(block.forward)
-        raw.head_loss = torch.compile(raw.head_loss)
-    for block in raw.transformer.h:
-        fully_shard(block)
-    fully_shard(raw)
-    raw.materialize(env.device)  # the weights of the unsharded init with the same seed, shard by shard
-    return raw, raw
-
-
-def load_training_state(raw, optimizer, ckpt, env):
-    """Weights and optimizer state of a resumed run. Under torchrun only rank 0 reads them from the file and
-    broadcasts them (others would each read the whole checkpoint)."""
-    if not env.ddp:
-        raw.load_state_dict(ckpt['model'])  # train.py saves the raw model's state: no prefixes to strip
-        set_optimizer_state_dict(raw, optimizer, ckpt['optimizer'], options=StateDictOptions(full_state_dict=True))
-        return
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(raw, ckpt['model'] if env.master else {}, options=options)
-    set_optimizer_state_dict(raw, optimizer, ckpt['optimizer'] if env.master else {}, options=options)
-
-
 def main(argv):
     cfg = SimpleNamespace(**configure(DEFAULTS, argv, OPTIONAL_TYPES, __doc__))
     handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     try:
         env = setup(cfg)
-        train_data, val_data, meta = open_data(cfg, env.master, env.ddp)
-        run = start_run(cfg, env, train_data, val_data, meta)
+        meta, data = open_data(cfg, env)
+        run = start_run(cfg, env, meta, data)
         if run is None:  # the run in out_dir is already complete
             return 0
         status = train(cfg, env, run)
@@ -316,6 +138,8 @@ def main(argv):
     finally:  # main() may be called again in the same process (tests, notebooks)
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+
+# ----------------------------------------------------------------------------------------------- setup and data
 
 
 def setup(cfg):
@@ -334,11 +158,9 @@ def setup(cfg):
             device = f'cuda:{local_rank}'
             torch.cuda.set_device(device)
         dist.init_process_group(backend=cfg.backend, timeout=COLLECTIVE_TIMEOUT)
-    device_type = device.split(':')[0]
-    ptdtype = getattr(torch, cfg.dtype)
     env = SimpleNamespace(ddp=ddp, fsdp=cfg.fsdp and ddp, ddp_module=None, rank=rank, local_rank=local_rank, world=world,
-                          master=rank == 0, device=device, device_type=device_type, ptdtype=ptdtype, stop=[],
-                          ctx=precision(device, cfg.dtype)[1])
+                          master=rank == 0, device=device, device_type=device.split(':')[0],
+                          ptdtype=getattr(torch, cfg.dtype), ctx=precision(device, cfg.dtype)[1], stop=[])
 
     def request_stop(signum, frame):  # acted on at the next step, by every process at once
         env.stop.append(signal.Signals(signum).name)
@@ -349,56 +171,142 @@ def setup(cfg):
     return env
 
 
-def start_run(cfg, env, train_data, val_data, meta):
-    """Everything the loop needs: model, optimizer, state (resumed or new), eval windows, the out_dir prepared.
-    None when the run to resume has already reached max_iters."""
-    n_train, T, B = len(train_data), cfg.block_size, cfg.batch_size
+def resolve(cfg, world):
+    """Fill in the automatic choices (device, dtype, backend, init_from=auto) and check every value before
+    anything is read or written."""
+    try:
+        cfg.device = pick_device(cfg.device)
+        GPTConfig(**{f.name: getattr(cfg, f.name) for f in fields(GPTConfig)})  # the architecture's own checks
+    except ValueError as e:
+        raise SystemExit(f'error: {e}') from None
+    cfg.dtype = precision(cfg.device, cfg.dtype)[0]
+    cfg.backend = cfg.backend or ('nccl' if cfg.device.startswith('cuda') else 'gloo')
+    if cfg.init_from == 'auto':
+        cfg.init_from = 'resume' if os.path.exists(os.path.join(cfg.out_dir, 'ckpt.pt')) else 'scratch'
+    checks = [(cfg.init_from in ('scratch', 'resume'), "init_from must be 'scratch', 'resume' or 'auto'"),
+              (cfg.init_from == 'resume' or cfg.overwrite or cfg.eval_only
+               or not os.path.exists(os.path.join(cfg.out_dir, 'ckpt.pt')),
+               f'{cfg.out_dir} already holds a run (ckpt.pt); pass --out_dir=NEW, --init_from=resume (or auto), '
+               f'or --overwrite=True'),
+              (cfg.dtype in ('float32', 'bfloat16'), "dtype must be 'float32' or 'bfloat16'"),
+              (min(cfg.eval_interval, cfg.log_interval, cfg.eval_iters, cfg.batch_size, cfg.block_size,
+                   cfg.gradient_accumulation_steps) > 0, 'eval_interval, log_interval, eval_iters, batch_size, '
+               'block_size and gradient_accumulation_steps must be positive'),
+              (cfg.max_iters >= 0, f'max_iters ({cfg.max_iters}) must be >= 0 (0 = evaluate the initial model)'),
+              (not cfg.wandb_log or importlib.util.find_spec('wandb'),
+               'wandb_log=True, but wandb is not installed (pip install wandb)')]
+    for n, what in ((cfg.batch_size * cfg.gradient_accumulation_steps, 'samples per step (batch_size x '
+                     'gradient_accumulation_steps)'), (cfg.eval_iters * cfg.batch_size, 'eval_iters x batch_size eval samples')):
+        checks.append((n <= 0 or all(c > 0 for r in range(world) for _, c in micro_batches(n, world, r, cfg.batch_size)),
+                       f'the {n} {what} are too few to give each of {world} processes the same number of '
+                       'micro-batches; raise them or use fewer processes'))
+    for ok, message in checks:
+        if not ok:
+            raise SystemExit(f'error: {message}')
+
+
+def open_data(cfg, env):
+    """(meta.json, batches.TokenData or ImageData); sets vocab_size; prepares the default corpus if missing."""
+    try:
+        if cfg.dataset == 'pydocs' and cfg.data_dir is None and not os.path.exists(
+                os.path.join(DATA_DIR, 'pydocs', 'meta.json')):
+            if env.master:
+                from data.pydocs.prepare import prepare
+                prepare()
+            if env.ddp:
+                dist.barrier()
+        meta, data = open_training_data(cfg.dataset, cfg.data_dir, cfg.block_size, cfg.train_tokens, cfg.val_tokens,
+                                        cfg.eval_iters * cfg.batch_size, EVAL_SEED)
+    except DataError as e:
+        raise SystemExit(f'error: {e}') from None
+    if data.unit == 'tokens' and cfg.vocab_size is None:
+        cfg.vocab_size = -(-meta['vocab_size'] // 64) * 64
+    elif data.unit == 'tokens' and cfg.vocab_size < meta['vocab_size']:
+        raise SystemExit(f"error: vocab_size={cfg.vocab_size} is smaller than the dataset's vocabulary "
+                         f"({meta['vocab_size']} in meta.json); use vocab_size=None (padded automatically)")
+    return meta, data
+
+# ------------------------------------------------------------------------------------------------ the model
+
+
+def start_run(cfg, env, meta, data):
+    """Everything the loop needs: model, optimizer, state (resumed or new), the out_dir prepared. None when the
+    run to resume has already reached max_iters."""
     config = vars(cfg).copy()
-    model_args = {f.name: config[f.name] for f in fields(GPTConfig)}
-    ckpt = read_resume_checkpoint(cfg, model_args, n_train, env.master) if cfg.init_from == 'resume' else None
-    summary_path = os.path.join(cfg.out_dir, 'summary.json')
-    if ckpt and ckpt['iter_num'] >= cfg.max_iters and os.path.exists(summary_path) and not cfg.eval_only:
+    arch = ViTConfig if data.unit == 'images' else GPTConfig  # the model follows the data
+    model_args = {f.name: config[f.name] for f in fields(arch) if f.init and f.name not in DATA_DIMS} | data.dims
+    try:
+        arch(**model_args)
+    except ValueError as e:
+        raise SystemExit(f'error: {e}') from None
+    ckpt = read_resume_checkpoint(cfg, model_args, data.n_train, env.master) if cfg.init_from == 'resume' else None
+    if ckpt and ckpt['iter_num'] >= cfg.max_iters and not cfg.eval_only \
+            and os.path.exists(os.path.join(cfg.out_dir, 'summary.json')):
         if env.master:
             print(f"{cfg.out_dir} is already at max_iters={cfg.max_iters} (iter {ckpt['iter_num']}): nothing to do; "
                   "raise --max_iters to continue")
         if env.ddp:
             dist.destroy_process_group()
         return None
-    entropy = unigram_entropy(train_data)  # the loss of predicting token frequencies only: a collapsed model's
-    if env.master:  # before the model exists: a run that cannot fit is told so before it runs out of memory
+    samples = cfg.batch_size * cfg.gradient_accumulation_steps
+    micro = micro_batches(samples, env.world, 0, cfg.batch_size)
+    if env.master:
         print('config:\n' + '\n'.join(f'  {k} = {v!r}' for k, v in config.items()))
-        micro = max(c for _, c in micro_batches(B * cfg.gradient_accumulation_steps, env.world, 0, B))
-        plan = memory_plan(GPTConfig(**model_args), micro, env.world, env.fsdp, env.ptdtype, cfg.compile)
+    if env.master and data.unit == 'tokens':  # before the model exists: told before it runs out of memory
+        plan = memory_plan(arch(**model_args), max(c for _, c in micro), env.world, env.fsdp, env.ptdtype, cfg.compile)
         capacity = torch.cuda.get_device_properties(env.device).total_memory if env.device_type == 'cuda' else None
         if capacity or plan['total'] > 2 ** 30:  # a GPU, or a run big enough to matter on a CPU
             print('\n'.join(format_memory_plan(plan, capacity)))
-    raw, model = build_model(cfg, model_args, env)
+    raw, model = build(cfg, model_args, env)
     optimizer = raw.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), env.device_type)
     state = dict(iter_num=0, best_val_loss=float('inf'), best_iter=None, guard={}, last_eval=None, wall_time_s=0.0)
     if ckpt:
         load_training_state(raw, optimizer, ckpt, env)
         state.update({k: ckpt.get(k, state[k]) for k in state})
         del ckpt
-    run = SimpleNamespace(
-        raw=raw, model=model, optimizer=optimizer, state=state, meta=meta, config=config, model_args=model_args,
-        prefetched={},
-        train_data=train_data, val_data=val_data, n_train=n_train, entropy=entropy, resumed=cfg.init_from == 'resume',
-        tokens_per_iter=B * cfg.gradient_accumulation_steps * T, writing=env.master and not cfg.eval_only,
-        log_path=os.path.join(cfg.out_dir, 'log.jsonl'),
-        train_eval_starts=torch.from_numpy(random_windows(n_train, cfg.eval_iters * B, T + 1, seed=EVAL_SEED)),
-        val_starts=torch.linspace(0, len(val_data) - T - 1, cfg.eval_iters * B).long())  # evenly spread, fixed
+    run = SimpleNamespace(raw=raw, model=model, optimizer=optimizer, state=state, meta=meta, config=config,
+                          model_args=model_args, data=data, samples=samples, prefetched={},
+                          resumed=cfg.init_from == 'resume', writing=env.master and not cfg.eval_only,
+                          log_path=os.path.join(cfg.out_dir, 'log.jsonl'))
     if env.master:
-        n_seq = B * cfg.gradient_accumulation_steps
-        print(f'model: {raw.get_num_params():,} parameters ({cfg.norm}, {cfg.attn} attention, {cfg.mlp} MLP, '
-              f'{cfg.pos} positions)')
-        print(f'global batch: {n_seq} sequences x {T} tokens = {run.tokens_per_iter:,} tokens/step ({env.world} '
-              f'process(es) x {len(micro_batches(n_seq, env.world, 0, B))} micro-batch(es) of <= {B}); budget '
-              f'{n_train:,} train tokens (unigram entropy {entropy:.3f} nats), {len(val_data):,} val tokens')
+        kind = f'ViT, patch {cfg.patch_size}, {cfg.pool} pooling' if data.unit == 'images' else f'{cfg.pos} positions'
+        print(f'model: {raw.get_num_params():,} parameters ({cfg.norm}, {cfg.attn} attention, {cfg.mlp} MLP, {kind})')
+        shape = f'sequences x {cfg.block_size} tokens = {samples * cfg.block_size:,} tokens' if data.unit == 'tokens' \
+            else 'images'
+        print(f'global batch: {samples} {shape}/step ({env.world} process(es) x {len(micro)} micro-batch(es) of <= '
+              f'{cfg.batch_size}); budget {data.n_train:,} train {data.unit} (entropy of the {data.predicted} '
+              f'frequencies {data.entropy:.3f} nats)')
         if run.resumed:
             print(f"resuming {cfg.out_dir} at iter {state['iter_num']} (best val loss {state['best_val_loss']:.4f})")
     if run.writing:
         prepare_out_dir(cfg, run)
     return run
+
+
+def build(cfg, model_args, env):
+    """(raw model, the module the training step calls): DDP then compile (the gradient all-reduce overlaps the
+    compiled backward: DDPOptimizer splits the graph at bucket boundaries), or under FSDP each block compiled,
+    then sharded, built on the meta device and materialised only as shards. fp32 parameters with bf16 autocast
+    in both cases, so every scale trains with the same numerics."""
+    torch.manual_seed(cfg.seed)
+    if not env.fsdp:
+        raw = build_model(model_args).to(env.device)
+        env.ddp_module = DDP(raw, device_ids=[env.local_rank] if env.device_type == 'cuda' else None,
+                             broadcast_buffers=False) if env.ddp else None  # statistics buffers are sums: not broadcast
+        model = env.ddp_module or raw
+        return raw, torch.compile(model) if cfg.compile else model
+    from torch.distributed.fsdp import fully_shard
+    with torch.device('meta'):  # no process ever holds the whole model
+        raw = build_model(model_args)
+    if cfg.compile:  # the blocks one by one (FSDP's hooks stay outside the graphs), and the output layer + loss
+        for block in raw.transformer.h:
+            block.forward = torch.compile(block.forward)
+        raw.head_loss = torch.compile(raw.head_loss)
+    for block in raw.transformer.h:
+        fully_shard(block)
+    fully_shard(raw)
+    raw.materialize(env.device)  # the weights of the unsharded init with the same seed, shard by shard
+    return raw, raw
 
 
 def prepare_out_dir(cfg, run):
@@ -416,6 +324,8 @@ def prepare_out_dir(cfg, run):
     if cfg.wandb_log:
         import wandb
         wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=run.config)
+
+# ------------------------------------------------------------------------------------------------- the loop
 
 
 def train(cfg, env, run):
@@ -470,18 +380,16 @@ def train(cfg, env, run):
 def train_step(cfg, env, run, it):
     """Forward and backward of this process's micro-batches of step `it`, gradients clipped. Returns the step's
     mean loss and gradient norm, and whether a stop signal arrived anywhere: the same on every process."""
-    lr = get_lr(it, cfg)
     for group in run.optimizer.param_groups:
-        group['lr'] = lr
+        group['lr'] = get_lr(it, cfg)
     if cfg.dropout > 0:  # dropout masks: a function of the step (reseeding costs ~0.4 ms, so only when needed)
         torch.manual_seed(derived_seed(cfg.seed, 'dropout', env.rank, it))
-    n = cfg.batch_size * cfg.gradient_accumulation_steps
-    parts = micro_batches(n, env.world, env.rank, cfg.batch_size)
+    parts = micro_batches(run.samples, env.world, env.rank, cfg.batch_size)
 
     def micro_batch(step, k):  # (inputs, targets) of this process's k-th micro-batch of a step, on the device
         first, count = parts[k]
-        return get_batch(run.train_data, windows[step][first:first + count], cfg.block_size, env.device)
-    windows = {step: train_windows(cfg.seed, step, run.n_train, cfg.block_size, n) for step in (it, it + 1)}
+        return run.data.batch('train', drawn[step][first:first + count], env.device)
+    drawn = {step: run.data.draw(cfg.seed, step, run.samples) for step in (it, it + 1)}
     batch = run.prefetched.pop(it, None) or micro_batch(it, 0)
     loss_sum = torch.zeros((), device=env.device)
     for k, (_, count) in enumerate(parts):
@@ -492,8 +400,8 @@ def train_step(cfg, env, run, it):
         if k + 1 < len(parts):  # the next micro-batch's copy overlaps this backward
             batch = micro_batch(it, k + 1)
         # weighted by its share of the step: the gradients' average over processes is the step's mean
-        (loss * (count * env.world / n)).backward()
-        loss_sum += loss.detach().float() * (count / n)
+        (loss * (count * env.world / run.samples)).backward()
+        loss_sum += loss.detach().float() * (count / run.samples)
     grad_norm = torch.nn.utils.clip_grad_norm_(run.raw.parameters(), cfg.grad_clip or float('inf'))
     if hasattr(grad_norm, 'full_tensor'):  # a DTensor under FSDP
         grad_norm = grad_norm.full_tensor()
@@ -506,43 +414,49 @@ def train_step(cfg, env, run, it):
     loss, grad_norm, stop = stats.tolist()  # the step's one host sync; the same on every process
     return loss, grad_norm, stop > 0
 
+# ------------------------------------------------------------------------------------ evaluation and records
+
 
 @torch.no_grad()
-def mean_loss(cfg, env, run, data, starts):
-    """Mean loss over the windows; each process takes an equal share, the sums are all-reduced."""
+def mean_loss(cfg, env, run, split):
+    """Mean loss and accuracy (next token, or class) over the split's eval samples; each process takes an equal
+    share, the sums are all-reduced."""
     run.raw.eval()
-    total = torch.zeros((), device=env.device)
-    for first, count in micro_batches(len(starts), env.world, env.rank, cfg.batch_size):
-        X, Y = get_batch(data, starts[first:first + count], cfg.block_size, env.device)
+    ids = run.data.eval_ids[split]
+    sums = torch.zeros(2, device=env.device)  # loss x samples, correct predictions
+    for first, count in micro_batches(len(ids), env.world, env.rank, cfg.batch_size):
+        x, y = run.data.batch(split, ids[first:first + count], env.device)
         with env.ctx:
-            _, loss = run.raw(X, Y)
-        total += loss.float() * count
+            logits, loss = run.raw(x, y)
+        sums += torch.stack([loss.float() * count, (logits.argmax(-1) == y).sum().float()])
     if env.ddp:
-        dist.all_reduce(total)
+        dist.all_reduce(sums)
     run.raw.train()
-    return total.item() / len(starts)
+    loss, correct = sums.tolist()
+    return loss / len(ids), correct / (len(ids) * run.data.per_sample)
 
 
 def evaluate(cfg, env, run, it):
-    """Train and val loss, saturation and norm statistics at step `it`: logged, printed; None if not finite."""
+    """Train and val loss and accuracy, saturation and norm statistics at step `it`: logged, printed; None if not
+    finite."""
     s, raw = run.state, run.raw
-    raw.track_norm_stats(True)  # saturation etc. from the train windows, as the study measures it
-    train_loss = mean_loss(cfg, env, run, run.train_data, run.train_eval_starts)
+    raw.track_norm_stats(True)  # saturation etc. from the train samples, as the study measures it
+    train_loss, train_acc = mean_loss(cfg, env, run, 'train')
     raw.track_norm_stats(False)
     if env.ddp:  # the statistics buffers hold sums: add up every process's share
         for _, layer in raw.norm_layers():
             for buf in layer.buffers():
                 dist.all_reduce(buf)
     stats = raw.norm_stats()  # under FSDP every process takes part: alpha is gathered from its shards
-    val_loss = mean_loss(cfg, env, run, run.val_data, run.val_starts)
+    val_loss, val_acc = mean_loss(cfg, env, run, 'val')
     if not (math.isfinite(train_loss) and math.isfinite(val_loss)):
         s['diverged'] = f'non-finite eval loss at iter {it} (train {train_loss}, val {val_loss})'
         return None
     improved = val_loss < s['best_val_loss']
     if improved:
         s['best_val_loss'], s['best_iter'] = val_loss, it
-    record = {'event': 'eval', 'iter': it, 'train_loss': train_loss, 'val_loss': val_loss, 'lr': get_lr(it, cfg),
-              'tokens': it * run.tokens_per_iter, 'epochs': it * run.tokens_per_iter / run.n_train,
+    record = {'event': 'eval', 'iter': it, 'train_loss': train_loss, 'val_loss': val_loss, 'train_acc': train_acc,
+              'val_acc': val_acc, 'lr': get_lr(it, cfg), **seen(run, it),
               'saturation': stats['saturation'], 'thresholds': stats['thresholds'],
               'norm_layers': {name: {k: st[k] for k in ('kind', 'alpha', 'input_std', 'saturation')}
                               for name, st in stats['layers'].items()},
@@ -553,19 +467,26 @@ def evaluate(cfg, env, run, it):
     sat = record['saturation']
     if env.master:
         print(f"step {it}: train loss {train_loss:.4f}, val loss {val_loss:.4f} (best {s['best_val_loss']:.4f} @ "
-              f"{s['best_iter']}), epochs {record['epochs']:.2f}"
+              f"{s['best_iter']}), " + (f'train acc {train_acc:.2%}, val acc {val_acc:.2%}, ' if run.data.unit ==
+                                       'images' else '') + f"epochs {record['epochs']:.2f}"
               + (f", saturation@2.0 {sat[record['thresholds'].index(2.0)]:.3f}" if sat else '')
               + ''.join(f'\n  warning: {w}' for w in record['warnings']))
     return dict(record, improved=improved)
 
 
+def seen(run, it):
+    """What the first `it` steps have read: tokens (or images), and epochs of the budget."""
+    n = it * run.samples * run.data.per_sample
+    return {run.data.unit: n, 'epochs': n / run.data.n_train}
+
+
 def collapse_signs(cfg, run, record):
-    """The signs of a collapsed run (seen with DyT at small scale): train loss still at the unigram level after
-    warmup, or a norm layer saturated (its output is then sign(x) * gamma, whatever the token)."""
+    """The signs of a collapsed run (seen with DyT at small scale): train loss still at the level of predicting
+    token (class) frequencies after warmup, or a norm layer saturated (its output is sign(x) * gamma whatever the input)."""
     signs = []
-    if record['iter'] > cfg.warmup_iters and record['train_loss'] > run.entropy - COLLAPSE_MARGIN:
-        signs.append(f"train loss {record['train_loss']:.3f} is at the unigram level of the budget ({run.entropy:.3f} "
-                     f"nats) after warmup: the model predicts token frequencies only (collapsed?)")
+    if record['iter'] > cfg.warmup_iters and record['train_loss'] > run.data.entropy - COLLAPSE_MARGIN:
+        signs.append(f"train loss {record['train_loss']:.3f} is at the unigram level of the budget ({run.data.entropy:.3f} "
+                     f"nats) after warmup: the model predicts {run.data.predicted} frequencies only (collapsed?)")
     at_2 = record['thresholds'].index(2.0)
     full = [name for name, s in record['norm_layers'].items() if s['saturation'] and s['saturation'][at_2] > 0.99]
     if full:
@@ -575,17 +496,16 @@ def collapse_signs(cfg, run, record):
 
 def log_step(cfg, env, run, it, loss, grad_norm, dt):
     """A step record; dt (seconds per step) is None for the first interval after a start, which holds compilation."""
-    n_micro = len(micro_batches(cfg.batch_size * cfg.gradient_accumulation_steps, env.world, 0, cfg.batch_size))
-    mfu = run.raw.estimate_mfu(cfg.batch_size * n_micro, dt, cfg.peak_flops, env.ptdtype) if dt else None
+    micro = len(micro_batches(run.samples, env.world, 0, cfg.batch_size)) * cfg.batch_size
+    mfu = run.raw.estimate_mfu(micro, dt, cfg.peak_flops, env.ptdtype) if dt else None
+    rate = run.samples * run.data.per_sample / dt if dt else None
+    unit = run.data.unit
     record = {'event': 'step', 'iter': it, 'loss': loss, 'lr': get_lr(it, cfg), 'grad_norm': grad_norm,
-              'tokens': (it + 1) * run.tokens_per_iter, 'epochs': (it + 1) * run.tokens_per_iter / run.n_train,
-              'tokens_per_sec': run.tokens_per_iter / dt if dt else None, 'mfu': mfu,
-              'ms_per_iter': 1000 * dt if dt else None}
+              **seen(run, it + 1), f'{unit}_per_sec': rate, 'mfu': mfu, 'ms_per_iter': 1000 * dt if dt else None}
     log(cfg, run, record)
     if env.master:
         print(f"iter {it}: loss {loss:.4f}, lr {record['lr']:.2e}, grad norm {grad_norm:.3f}, "
-              + (f"{record['tokens_per_sec']:,.0f} tokens/s, {1000 * dt:.1f} ms/iter" if dt else
-                 'first step (compilation and warm-up: not timed)')
+              + (f"{rate:,.0f} {unit}/s, {1000 * dt:.1f} ms/iter" if dt else 'first step (compilation and warm-up: not timed)')
               + (f', mfu {100 * mfu:.1f}%' if mfu is not None else ''))
 
 
@@ -597,34 +517,24 @@ def log(cfg, run, record):
             import wandb
             wandb.log(record, step=record['iter'])
 
+# ----------------------------------------------------------------------------------- checkpoints and the end
+
 
 def save_checkpoints(cfg, env, run, it, improved, t_start, force=False):
-    """ckpt.pt (latest) and, when val loss improved, best.pt: written after the optimizer step of iteration it-1,
-    so iter_num = it is the next iteration to run. Serialised once: best.pt is a hard link to the same file (a
-    copy where links are not supported). Collective: under FSDP rank 0 gathers the state, the others wait."""
-    due = force or cfg.always_save_checkpoint or improved or it >= cfg.max_iters  # alike on every process
-    if not due:
+    """ckpt.pt (latest) and, when val loss improved, best.pt (checkpoint.save_checkpoint): written after the
+    optimizer step of iteration it-1, so iter_num = it is the next iteration to run. Collective: under FSDP rank 0
+    gathers the state, the others wait."""
+    if not (force or cfg.always_save_checkpoint or improved or it >= cfg.max_iters):  # alike on every process
         return False
-    full = StateDictOptions(full_state_dict=True, cpu_offload=True)  # one ordinary file, even from FSDP shards
     s = run.state
-    state = {'model': get_model_state_dict(run.raw, options=full),
-             'optimizer': get_optimizer_state_dict(run.raw, run.optimizer, options=full),
-             'model_args': run.model_args, 'config': run.config, 'tokenizer': run.meta['tokenizer'],
-             'iter_num': it, 'best_val_loss': s['best_val_loss'], 'best_iter': s['best_iter'], 'guard': s['guard'],
-             'last_eval': s['last_eval'], 'wall_time_s': s['wall_time_s'] + time.time() - t_start,
-             # data order and dropout masks are functions of (seed, iter): this is the whole sampler state
-             'sampler': {'seed': cfg.seed, 'train_tokens': run.n_train, 'block_size': cfg.block_size,
-                         'eval_seed': EVAL_SEED}}
+    state = training_state(
+        run.raw, run.optimizer, model_args=run.model_args, config=run.config, tokenizer=run.meta.get('tokenizer'),
+        iter_num=it, best_val_loss=s['best_val_loss'], best_iter=s['best_iter'], guard=s['guard'],
+        last_eval=s['last_eval'], wall_time_s=s['wall_time_s'] + time.time() - t_start,
+        # data order, augmentation and dropout masks are functions of (seed, iter): the whole sampler state
+        sampler={'seed': cfg.seed, 'train_tokens': run.data.n_train, 'block_size': cfg.block_size, 'eval_seed': EVAL_SEED})
     if run.writing:
-        path = os.path.join(cfg.out_dir, 'ckpt.pt')
-        atomic_write(path, lambda f: torch.save(state, f))
-        if improved:
-            best, tmp = os.path.join(cfg.out_dir, 'best.pt'), os.path.join(cfg.out_dir, f'best.pt.tmp{os.getpid()}')
-            try:
-                os.link(path, tmp)  # the same bytes, not written twice; the next ckpt.pt is a new file
-                os.replace(tmp, best)
-            except OSError:
-                atomic_write(best, lambda f: f.write(open(path, 'rb').read()))
+        save_checkpoint(state, cfg.out_dir, best=improved)
     if env.ddp:
         dist.barrier()  # the others wait here, under the long timeout, while rank 0 writes
     return True
@@ -639,29 +549,31 @@ def finish(cfg, env, run, status):
                   file=sys.stderr)
         log(cfg, run, {'event': 'diverged', 'iter': it, 'diverged': True, 'reason': s['diverged']})
     if status == 'stopped':
-        log(cfg, run, {'event': 'stopped', 'iter': it, 'signal': env.stop[0] if env.stop else 'another process'})
+        why = env.stop[0] if env.stop else 'signal on another process'
+        log(cfg, run, {'event': 'stopped', 'iter': it, 'signal': why})
         if env.master:
-            print(f"stopped at iter {it} ({env.stop[0] if env.stop else 'signal on another process'}); ckpt.pt is "
-                  f"saved. Continue with the same command and --init_from=auto (or resume)")
+            print(f"stopped at iter {it} ({why}); ckpt.pt is saved. Continue with the same command and "
+                  "--init_from=auto (or resume)")
     elif run.writing:
         last = s['last_eval'] or {}
         layers = last.get('norm_layers', {})
         write_json(os.path.join(cfg.out_dir, 'summary.json'), {
             'status': status, 'final_iter': last.get('iter'), 'final_val_loss': last.get('val_loss'),
-            'final_train_loss': last.get('train_loss'),
+            'final_train_loss': last.get('train_loss'), 'final_val_acc': last.get('val_acc'),
+            'final_train_acc': last.get('train_acc'),
             'best_val_loss': s['best_val_loss'] if s['best_iter'] is not None else None, 'best_iter': s['best_iter'],
             'saturation': last.get('saturation'), 'thresholds': last.get('thresholds'),
             'saturation_layers': {k: v['saturation'] for k, v in layers.items() if v['saturation'] is not None},
-            'alphas': {k: v['alpha'] for k, v in layers.items() if v['alpha'] is not None},
-            'iters': it, 'tokens': it * run.tokens_per_iter, 'epochs': it * run.tokens_per_iter / run.n_train,
+            'alphas': {k: v['alpha'] for k, v in layers.items() if v['alpha'] is not None}, 'iters': it, **seen(run, it),
             'wall_time_s': s['wall_time_s'], 'diverged': status == 'diverged', 'diverged_reason': s.get('diverged'),
             'diverged_iter': it if status == 'diverged' else None, 'n_params': run.raw.get_num_params(),
-            'budget_tokens': run.n_train, 'unigram_entropy': run.entropy, 'warnings': last.get('warnings'),
-            'config': run.config})
+            f'budget_{run.data.unit}': run.data.n_train, 'unigram_entropy': run.data.entropy,
+            'warnings': last.get('warnings'), 'config': run.config})
         if status == 'finished' and not cfg.eval_only:
             print(f"done: {cfg.out_dir} at iter {it}, final val loss {last.get('val_loss', float('nan')):.4f}, best "
-                  f"{s['best_val_loss']:.4f} @ {s['best_iter']}. Next: python sample.py --out_dir={cfg.out_dir}; "
-                  f"python analyze.py all {cfg.out_dir}")
+                  f"{s['best_val_loss']:.4f} @ {s['best_iter']}. Next: "
+                  + ('' if run.data.unit == 'images' else f'python sample.py --out_dir={cfg.out_dir}; ')
+                  + f'python analyze.py all {cfg.out_dir}')
     if run.writing and cfg.wandb_log:
         import wandb
         wandb.finish()

@@ -351,7 +351,7 @@ def unigram_entropy(tokens, chunk=1 << 24):
 
 
 def load_meta(dataset, data_dir=None):
-    """meta.json of a dataset, its 'tokenizer' and 'vocab_size' checked."""
+    """meta.json of a dataset, with its 'kind': 'tokens' (its 'tokenizer' and 'vocab_size' checked) or 'images'."""
     path = os.path.join(data_dir or os.path.join(DATA_DIR, dataset), "meta.json")
     if not os.path.exists(path):
         raise DataError(f"{path} not found. " + how_to_prepare(dataset, data_dir))
@@ -363,11 +363,28 @@ def load_meta(dataset, data_dir=None):
                         f"Rebuild with: python data/{dataset}/prepare.py --force")) from e
     if not isinstance(meta, dict):
         raise DataError(f"{path} must hold a JSON object; {FOLDER_FORMAT}")
+    meta["kind"] = meta.get("kind") or ("images" if "train_images" in meta else "tokens")
+    if meta["kind"] == "images":  # CIFAR-10's folder (data/cifar10/prepare.py)
+        return meta
     if meta.get("tokenizer") not in ("byte", "gpt2"):
         raise DataError(f"{path}: 'tokenizer' must be \"byte\" or \"gpt2\", got {meta.get('tokenizer')!r}; {FOLDER_FORMAT}")
     if type(meta.get("vocab_size")) is not int or meta["vocab_size"] < 1:
         raise DataError(f"{path}: 'vocab_size' must be a positive int, got {meta.get('vocab_size')!r}; {FOLDER_FORMAT}")
     return meta
+
+
+def read_log(path, keep):
+    """The parseable records of a JSON-lines file (train.py's log.jsonl) that satisfy keep(record); a torn last
+    line is dropped."""
+    records = []
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass
+    return [r for r in records if keep(r)]
 
 
 def atomic_write(path, write):

@@ -10,6 +10,7 @@ import torch
 
 import analyze
 import model as M
+from checkpoint import load_checkpoint
 from data.common import random_windows
 
 
@@ -314,7 +315,7 @@ def test_windows_are_the_first_of_train_pys(tmp_path, dataset):
     # train.py measures saturation on random_windows(n_train, count, block_size + 1, seed 1337); analyze must use
     # the first --windows of them (their first block_size tokens), inside the --train_tokens prefix.
     out = make_ckpt(tmp_path, "dyt", dataset, norm="dyt", dyt_alpha=2.0)
-    model, ck = M.load_checkpoint(out / "ckpt.pt")
+    model, ck = load_checkpoint(out / "ckpt.pt")
     with torch.no_grad():   # inputs of order 1, so that the fractions lie well inside (0, 1)
         model.transformer.wte.weight.mul_(50)
     torch.save(dict(ck, model=model.state_dict()), out / "ckpt.pt")

@@ -1,4 +1,4 @@
-"""bench.py: one tokens/s line per variant at a tiny shape, and the shared configurator's --help and errors."""
+"""bench.py: one tokens/s (or ViT images/s) line per variant at a tiny shape, and the configurator's --help and errors."""
 import os
 import re
 import subprocess
@@ -29,6 +29,14 @@ def test_every_variant_gets_a_tokens_per_second_line():
     assert list(got) == want
     assert all(int(v.replace(",", "")) > 0 for v in got.values())
     assert "device cpu, dtype float32, compile False" in r.stdout
+
+
+def test_vit_variants_get_an_images_per_second_line():
+    r = run_bench("--vit=True", "--batch_size=2", "--steps=1", "--warmup=0", "--device=cpu")
+    assert r.returncode == 0, r.stderr
+    got = dict(re.findall(r"^(\S.*?)\s+([\d,]+) images/s$", r.stdout, re.M))
+    assert list(got) == [f"ViT norm={n}" for n in ("layernorm", "rmsnorm", "dyt", "derf", "hardtanh")]
+    assert all(int(v.replace(",", "")) > 0 for v in got.values()) and "tokens/s" not in r.stdout
 
 
 def test_help_and_bad_keys(capsys):

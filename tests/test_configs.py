@@ -13,7 +13,7 @@ from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, 'config', '*_*.py'))
-                 if not os.path.basename(p).startswith('grid_'))  # grids are study.py's (tests/test_study.py)
+                 if not os.path.basename(p).startswith(('grid_', 'vit_')))  # grids: tests/test_study.py; ViT: test_vit.py
 SHAPES = {'64m': (12, 8, 512), '124m': (12, 12, 768), '162m': (16, 14, 896), '354m': (24, 16, 1024),
           '1.3b': (24, 32, 2048), '3.78b': (32, 32, 3072)}  # the study's scales
 FLAGS = {'ln': dict(norm='layernorm', attn='standard'), 'rmsnorm': dict(norm='rmsnorm', attn='standard'),

@@ -240,7 +240,7 @@ def test_write_tokens_and_load_split(tmp_path):
             load_meta("toy", data_dir=str(d))
     (d / "meta.json").write_text(json.dumps({"tokenizer": "byte", "vocab_size": 257}))
     assert load_split("toy", "train", data_dir=str(d)).tolist() == [1, 2, 3, 65535, 0]
-    assert load_meta("toy", data_dir=str(d)) == {"tokenizer": "byte", "vocab_size": 257}
+    assert load_meta("toy", data_dir=str(d)) == {"tokenizer": "byte", "vocab_size": 257, "kind": "tokens"}
     with pytest.raises(DataError, match="no 'test' split"):
         load_split("toy", "test", data_dir=str(d))
     with pytest.raises(DataError, match="65536"):

@@ -11,7 +11,8 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from model import GPT, NORMS, GPTConfig, apply_rope, load_checkpoint, rope_angles
+from checkpoint import load_checkpoint
+from model import GPT, NORMS, GPTConfig, apply_rope, rope_angles
 
 VARIANTS = [(n, a, m, p) for n in NORMS for a in ('standard', 'diff') for m in ('gelu', 'swiglu')
             for p in ('learned', 'rope')]

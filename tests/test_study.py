@@ -12,6 +12,7 @@ import torch
 import study
 import train
 from configurator import configure
+from data.common import read_log
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, eval_iters=2, log_interval=1,
@@ -191,7 +192,7 @@ def test_runner_skips_resumes_records_and_shards(tmp_path, data_dir, capsys):
     failed = json.load(open(f'{out}/t_5K_bad_s1/failed.json'))
     assert failed['attempts'] == 1 and failed['returncode'] == 1 and 'python data/nodata/prepare.py' in failed['output_tail']
     assert 'non-finite' in json.load(open(f'{out}/t_5K_boom_s1/summary.json'))['diverged_reason']
-    ref, got = (train.read_log(f'{d}/log.jsonl', lambda r: r['event'] == 'eval') for d in (tmp_path / 'ref', f'{out}/t_5K_dyt_s1'))
+    ref, got = (read_log(f'{d}/log.jsonl', lambda r: r['event'] == 'eval') for d in (tmp_path / 'ref', f'{out}/t_5K_dyt_s1'))
     assert [(r['iter'], r['val_loss']) for r in ref] == [(r['iter'], r['val_loss']) for r in got]
     wa, wb = (torch.load(f'{d}/ckpt.pt', weights_only=True)['model'] for d in (tmp_path / 'ref', f'{out}/t_5K_dyt_s1'))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
@@ -277,7 +278,7 @@ def test_screen_end_to_end(tmp_path, data_dir, capsys, monkeypatch):
     res = study.main(['screen', *args, '--screen_steps=6', '--compare=True', f'--screen_dir={tmp_path / "s"}',
                       f'--reports={tmp_path}/*/report.json'])
     out = capsys.readouterr().out
-    dyt, ln = (train.read_log(tmp_path / 's' / n / 'log.jsonl', lambda r: r['event'] == 'eval')[-1] for n in ('dyt', 'layernorm'))
+    dyt, ln = (read_log(tmp_path / 's' / n / 'log.jsonl', lambda r: r['event'] == 'eval')[-1] for n in ('dyt', 'layernorm'))
     assert dyt['iter'] == ln['iter'] == 6
     assert res['saturation'] == dyt['saturation'][3] and dyt['thresholds'][3] == 2.0 and 0 <= res['saturation'] <= 1
     assert res['early_gap_%'] == pytest.approx(100 * (dyt['val_loss'] - ln['val_loss']) / ln['val_loss'])

@@ -13,9 +13,10 @@ import torch
 
 import sample
 import train
+from batches import TokenData, micro_batches
 from configurator import configure
 from data.common import DataError
-from model import load_checkpoint
+from checkpoint import load_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=4', '--eval_iters=2',
@@ -46,20 +47,22 @@ def test_lr_schedule_warmup_then_cosine():
 
 def test_windows_stay_inside_the_budget():
     n, T = 40, 16
-    starts = torch.cat([train.train_windows(1337, it, n, T, 64) for it in range(200)])
-    assert starts.min() >= 0 and starts.max() == n - T - 1  # the last target is token n-1, and it is reached
     data = np.arange(1000, dtype=np.uint16)  # token value = position
-    x, y = train.get_batch(data, starts, T, 'cpu')
+    tokens = TokenData(data[:n], data, T, eval_count=4, eval_seed=0)
+    starts = torch.cat([tokens.draw(1337, it, 64) for it in range(200)])
+    assert starts.min() >= 0 and starts.max() == n - T - 1  # the last target is token n-1, and it is reached
+    x, y = tokens.batch('train', starts, 'cpu')
     assert y.max().item() == n - 1 and x.max().item() == n - 2
+    assert torch.equal(y[:, :-1], x[:, 1:]) and torch.equal(x[:, 0], starts)
     # the windows of a step depend on (seed, step) only
-    assert torch.equal(train.train_windows(7, 3, 500, T, 8), train.train_windows(7, 3, 500, T, 8))
-    assert not torch.equal(train.train_windows(7, 3, 500, T, 8), train.train_windows(7, 4, 500, T, 8))
+    assert torch.equal(tokens.draw(7, 3, 8), tokens.draw(7, 3, 8))
+    assert not torch.equal(tokens.draw(7, 3, 8), tokens.draw(7, 4, 8))
 
 
 @pytest.mark.parametrize('n,world,batch_size', [(64, 1, 8), (64, 2, 8), (64, 3, 8), (64, 8, 8), (64, 16, 8),
                                                   (12, 2, 4), (10, 4, 2), (400, 16, 8), (400, 3, 8), (7, 7, 1)])
 def test_micro_batches_split_a_step_over_any_process_count(n, world, batch_size):
-    parts = [train.micro_batches(n, world, r, batch_size) for r in range(world)]
+    parts = [micro_batches(n, world, r, batch_size) for r in range(world)]
     covered = [i for p in parts for first, count in p for i in range(first, first + count)]
     assert covered == list(range(n))  # every sequence once, in order
     assert len({len(p) for p in parts}) == 1  # the same number of micro-batches on every process (FSDP)
@@ -79,10 +82,10 @@ def test_the_readmes_commands_run_on_1_2_8_and_16_processes(config, monkeypatch)
         train.resolve(cfg, world)  # raises SystemExit if the batch or the windows cannot be split
         n = cfg.batch_size * cfg.gradient_accumulation_steps
         assert n == 64 and cfg.eval_iters * cfg.batch_size == 400
-        per_rank = [sum(c for _, c in train.micro_batches(n, world, r, cfg.batch_size)) for r in range(world)]
+        per_rank = [sum(c for _, c in micro_batches(n, world, r, cfg.batch_size)) for r in range(world)]
         assert per_rank == [64 // world] * world  # 64, 32, 8, 4 sequences each
-        assert len(train.micro_batches(n, world, 0, cfg.batch_size)) == {1: 8, 2: 4, 8: 1, 16: 1}[world]
-    with pytest.raises(SystemExit, match=r'sequences per step \(64\) are too few to give each of 100 processes'):
+        assert len(micro_batches(n, world, 0, cfg.batch_size)) == {1: 8, 2: 4, 8: 1, 16: 1}[world]
+    with pytest.raises(SystemExit, match=r'the 64 samples per step \(batch_size x gradient_accumulation_steps\) are too few to give each of 100 processes'):
         train.resolve(cfg, 100)
 
 

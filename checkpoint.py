@@ -1,0 +1,157 @@
+"""
+Run checkpoints: where they are, how train.py writes them (once, atomically, from FSDP shards too) and resumes
+from them (rank 0 reads, the others receive), and how every script loads one with errors that say what is wrong.
+A checkpoint is one torch.save file: 'model' and 'model_args' (enough for load_checkpoint), and from train.py
+'optimizer', 'config', 'iter_num', the best val loss, the divergence guard, the last eval and the sampler's state.
+"""
+import os
+import pickle
+import zipfile
+
+import torch
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
+
+from data.common import atomic_write
+from model import build_model, pick_device
+
+CHECKPOINTS = {'latest': 'ckpt.pt', 'best': 'best.pt'}  # a run directory's checkpoints, by the name users pick
+
+
+def checkpoint_file(path, which='latest'):
+    """The checkpoint file meant by `path`: a file as it is, a run directory's ckpt.pt ('latest', written at
+    every eval) or best.pt ('best', lowest val loss). sample.py, analyze.py and eval.py take `which` alike."""
+    if which not in CHECKPOINTS:
+        raise ValueError(f"{which!r} is not a checkpoint choice; use 'latest' (ckpt.pt) or 'best' (best.pt)")
+    return os.path.join(path, CHECKPOINTS[which]) if os.path.isdir(path) else str(path)
+
+
+def upgrade_checkpoint(ckpt):
+    """A checkpoint of an older version in this version's shapes, in place: embed_scale and its AdamW moments were
+    0-dim before the parameter became 1-element (FSDP2 cannot shard a 0-dim parameter)."""
+    moments = ckpt.get('optimizer', {}).get('state', {}).get('embed_scale', {})
+    for state in (ckpt['model'], moments):
+        state.update({k: v.reshape(1) for k, v in state.items() if k in ('embed_scale', 'exp_avg', 'exp_avg_sq')
+                      and v.dim() == 0})
+    return ckpt
+
+
+def strip_wrappers(key):
+    """A parameter name without the prefixes torch.compile ('_orig_mod.') and DDP ('module.') add, in any order."""
+    while key.startswith(('_orig_mod.', 'module.')):
+        key = key.removeprefix('_orig_mod.').removeprefix('module.')
+    return key
+
+
+def load_checkpoint(path, device='cpu', which='latest', language_model=False):
+    """Load a train.py (or nanoGPT) checkpoint -> (model in eval mode, checkpoint dict).
+
+    `path` is a ckpt.pt/best.pt file or a run directory (its ckpt.pt, or best.pt with which='best'). Raises
+    FileNotFoundError or ValueError with a message that says what is wrong, also for a ViT when language_model
+    is asked for. device='meta' checks a checkpoint (keys, shapes) without materialising its model: the file is
+    memory-mapped and no weight is copied."""
+    path = checkpoint_file(path, which)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no checkpoint at {path}: give a run's out_dir or its ckpt.pt / best.pt "
+                                "(train one with `python train.py`)")
+    device = pick_device(device)
+    try:
+        ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)  # mmap: no second copy in RAM
+    except Exception as e:  # PyTorch's own message suggests save options that do not apply here
+        if not zipfile.is_zipfile(path):
+            why = 'it is not a complete checkpoint archive (truncated by an interrupted copy or a full disk?)'
+        elif isinstance(e, pickle.UnpicklingError):
+            why = 'it holds Python objects other than tensors and plain values; it was not written by train.py'
+        else:
+            why = f'the archive is damaged ({type(e).__name__})'
+        raise ValueError(f"cannot read checkpoint {path}: {why}. Copy it again, or use the run's other checkpoint "
+                         "(ckpt.pt / best.pt)") from None
+    if not isinstance(ckpt, dict) or 'model' not in ckpt or 'model_args' not in ckpt:
+        raise ValueError(f"{path} is not a training checkpoint: it needs 'model' and 'model_args' entries")
+    ckpt['model'] = {strip_wrappers(k): v for k, v in ckpt['model'].items()}
+    if language_model and 'patch_size' in ckpt['model_args']:  # sample.py and eval.py read and write text
+        raise ValueError(f"{path} holds a ViT, an image classifier: this needs a language model (analyze.py "
+                         "reads both)")
+    upgrade_checkpoint(ckpt)
+    try:
+        with torch.device(device):  # built where it runs: no full-size copy on the CPU first
+            model = build_model(ckpt['model_args'])
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: its model_args do not describe a model this version builds: {e}") from None
+    state = {k: v.to('meta') if device == 'meta' else v for k, v in ckpt['model'].items()
+             if not k.endswith('.attn.bias')}  # old nanoGPT checkpoints also saved the causal mask
+    mismatch = f"{path}: the weights do not match its model_args (another architecture?):"
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # shapes differ; PyTorch lists every tensor, a few say enough
+        sizes = [line.strip().rstrip('.') for line in str(e).splitlines() if 'size mismatch' in line]
+        raise ValueError(f"{mismatch} {few(sizes)}") from None
+    if result.missing_keys or result.unexpected_keys:
+        raise ValueError(f"{mismatch} missing {few(result.missing_keys)}; unexpected {few(result.unexpected_keys)}")
+    return model.eval(), ckpt
+
+
+def few(items, n=3):
+    return ', '.join(items[:n]) + (f' and {len(items) - n} more' if len(items) > n else '') if items else 'none'
+
+
+def training_state(model, optimizer, **fields):
+    """A checkpoint of a training run: the whole model and optimizer state (gathered from FSDP shards: one ordinary
+    file whatever the process count, in CPU memory) and `fields`. Collective under torchrun: every process calls it."""
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return {'model': get_model_state_dict(model, options=full),
+            'optimizer': get_optimizer_state_dict(model, optimizer, options=full), **fields}
+
+
+def save_checkpoint(state, out_dir, best=False):
+    """out_dir/ckpt.pt, written atomically; with best, best.pt too: a hard link to the same file, so the bytes are
+    serialised once (a copy where links are not supported). The next ckpt.pt is a new file, the link keeps this one."""
+    path = os.path.join(out_dir, CHECKPOINTS['latest'])
+    atomic_write(path, lambda f: torch.save(state, f))
+    if best:
+        final, tmp = os.path.join(out_dir, CHECKPOINTS['best']), os.path.join(out_dir, f'best.pt.tmp{os.getpid()}')
+        try:
+            os.link(path, tmp)
+            os.replace(tmp, final)
+        except OSError:
+            atomic_write(final, lambda f: f.write(open(path, 'rb').read()))
+
+
+def read_resume_checkpoint(cfg, model_args, n_train, master):
+    """The checkpoint to resume from, checked against the config (on every process: memory-mapped, no copy)."""
+    path = os.path.join(cfg.out_dir, 'ckpt.pt')
+    try:  # model.py's reader: clear errors for a missing, corrupt or foreign file (checked on 'meta': no copy)
+        _, ckpt = load_checkpoint(path, device='meta')
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"error: init_from='resume': {e}") from None
+    missing = [k for k in ('optimizer', 'config', 'iter_num', 'best_val_loss', 'best_iter', 'guard', 'last_eval',
+                           'sampler') if k not in ckpt]
+    if missing:
+        raise SystemExit(f"error: {path} lacks {', '.join(missing)}: it was not written by this train.py "
+                         "and cannot be resumed exactly; start a new run in a new out_dir")
+    changed = [f'{k} (checkpoint {ckpt["model_args"].get(k)!r}, config {v!r})'
+               for k, v in model_args.items() if ckpt['model_args'].get(k) != v and k != 'dropout']
+    if changed:
+        raise SystemExit('error: the config changes the architecture of the run being resumed: '
+                         + ', '.join(changed) + ". Keep the checkpoint's values or use a new out_dir.")
+    notes = []
+    if ckpt['model_args'].get('dropout') != cfg.dropout:
+        notes.append(f"note: dropout changes from {ckpt['model_args'].get('dropout')} to {cfg.dropout}")
+    if ckpt['config'].get('dataset') != cfg.dataset:
+        notes.append(f"warning: resuming a run trained on dataset {ckpt['config'].get('dataset')!r} "
+                     f"with dataset {cfg.dataset!r}")
+    if (ckpt['sampler']['seed'], ckpt['sampler']['train_tokens']) != (cfg.seed, n_train):
+        notes.append(f"warning: resuming with seed/train_tokens {cfg.seed}/{n_train:,} where the checkpoint "
+                     f"has {ckpt['sampler']['seed']}/{ckpt['sampler']['train_tokens']:,}: the data order changes")
+    if master and notes:
+        print('\n'.join(notes))
+    return ckpt
+
+
+def load_training_state(raw, optimizer, ckpt, env):
+    """Weights and optimizer state of a resumed run. Under torchrun only rank 0 reads them from the file and
+    broadcasts them (others would each read the whole checkpoint)."""
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=env.ddp)
+    keep = not env.ddp or env.master
+    set_model_state_dict(raw, ckpt['model'] if keep else {}, options=options)
+    set_optimizer_state_dict(raw, optimizer, ckpt['optimizer'] if keep else {}, options=options)

@@ -1,0 +1,288 @@
+"""The vision check: CIFAR-10 in its real on-disk format, the crop and flip, the ViT's non-causal attention and patch
+embedding, and train.py training a ViT (the loss falls, resume is exact), analyze.py measuring it."""
+import json
+import math
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import analyze
+import sample
+import study
+import train
+from batches import crop_and_flip, open_training_data
+from checkpoint import load_checkpoint
+from configurator import configure
+from data.cifar10.prepare import load
+from model import GPT, GPTConfig, ViT, ViTConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN_PER_BATCH, TEST_IMAGES = 40, 60  # 5 train batches: 200 train images
+TINY = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--patch_size=8', '--batch_size=20', '--eval_iters=2',
+        '--eval_interval=10', '--log_interval=5', '--learning_rate=3e-3', '--warmup_iters=0', '--lr_decay_iters=40',
+        '--min_lr=3e-4', '--weight_decay=0.05', '--emb_init_std=0.02', '--bias=True']
+
+
+def cifar_row(image):
+    """One row of a CIFAR-10 batch's `data` as its authors describe it: 1024 red values, then 1024 green, then 1024
+    blue, each plane row by row."""
+    return np.concatenate([image[0].ravel(), image[1].ravel(), image[2].ravel()])
+
+
+def class_images(labels, rng):
+    """A learnable task: each class has its own colour (and a brighter top half for odd classes), plus noise."""
+    base = np.stack([20 + 23 * labels, 230 - 21 * labels, 60 + 120 * (labels % 3 == 0)], axis=1).astype(float)
+    images = base[:, :, None, None] + rng.uniform(-25, 25, (len(labels), 3, 32, 32))
+    images[:, :, :16] += 20 * (labels % 2)[:, None, None, None]
+    return np.clip(images, 0, 255).astype(np.uint8)
+
+
+@pytest.fixture(scope='module')
+def cifar(tmp_path_factory):
+    """A data/cifar10-style folder in the real format: cifar-10-batches-py/data_batch_1..5 and test_batch, pickled
+    dicts with byte-string keys, `data` uint8 (N, 3072), `labels` a list; and prepare.py's meta.json."""
+    folder = tmp_path_factory.mktemp('cifar10')
+    rng = np.random.default_rng(0)
+    os.makedirs(folder / 'cifar-10-batches-py')
+    images = {}
+    for name, n in [(f'data_batch_{i}', TRAIN_PER_BATCH) for i in range(1, 6)] + [('test_batch', TEST_IMAGES)]:
+        labels = np.arange(n) % 10  # balanced
+        rng.shuffle(labels)
+        x = class_images(labels, rng)
+        images[name] = (x, labels)
+        batch = {b'batch_label': name.encode(), b'labels': labels.tolist(),
+                 b'data': np.stack([cifar_row(im) for im in x]), b'filenames': [b'%d.png' % i for i in range(n)]}
+        with open(folder / 'cifar-10-batches-py' / name, 'wb') as f:
+            pickle.dump(batch, f, protocol=2)
+    (folder / 'meta.json').write_text(json.dumps({'kind': 'images', 'dir': 'cifar-10-batches-py', 'md5': None,
+                                                  'train_images': 5 * TRAIN_PER_BATCH, 'test_images': TEST_IMAGES}))
+    return folder, images
+
+
+def test_the_real_format_loads_with_its_shapes_labels_and_channel_order(cifar):
+    folder, images = cifar
+    x, y = load('train', str(folder))
+    assert x.shape == (5 * TRAIN_PER_BATCH, 3, 32, 32) and x.dtype == np.uint8 and y.dtype == np.int64
+    assert np.array_equal(x[:TRAIN_PER_BATCH], images['data_batch_1'][0])  # batches in order 1..5
+    assert np.array_equal(x[-TRAIN_PER_BATCH:], images['data_batch_5'][0])
+    assert y.tolist() == [int(v) for i in range(1, 6) for v in images[f'data_batch_{i}'][1]]
+    xt, yt = load('test', str(folder))
+    assert xt.shape == (TEST_IMAGES, 3, 32, 32) and yt.tolist() == images['test_batch'][1].tolist()
+    # the planes are R, G, B: a row's first 1024 values are the red plane, row-major
+    with open(folder / 'cifar-10-batches-py' / 'test_batch', 'rb') as f:
+        raw = pickle.load(f, encoding='bytes')[b'data']
+    assert xt[3, 0, 0, 0] == raw[3, 0] and xt[3, 0, 1, 0] == raw[3, 32] and xt[3, 0, 0, 1] == raw[3, 1]
+    assert xt[3, 1, 5, 7] == raw[3, 1024 + 5 * 32 + 7] and xt[3, 2, 31, 31] == raw[3, 3071]
+    red_class = yt[xt[:, 0].mean(axis=(1, 2)).argmax()]  # class 9 is the reddest and the least green
+    assert red_class == 9 and yt[xt[:, 1].mean(axis=(1, 2)).argmax()] == 0
+
+
+def test_image_data_dims_entropy_and_normalisation(cifar):
+    folder, images = cifar
+    meta, data = open_training_data('cifar10', str(folder), 128, None, None, 16, 1337)
+    assert meta['kind'] == 'images' and data.unit == 'images' and data.n_train == 200
+    assert data.dims == dict(image_size=32, channels=3, n_classes=10)
+    assert data.entropy == pytest.approx(math.log(10))  # balanced classes
+    assert len(data.eval_ids['train']) == 16 and len(data.eval_ids['val']) == TEST_IMAGES  # val: the whole test set
+    x, y = data.batch('val', data.eval_ids['val'][:5], 'cpu')
+    raw = images['test_batch'][0][:5] / 255.0
+    mean, std = np.array([0.4914, 0.4822, 0.4465]), np.array([0.2470, 0.2435, 0.2616])
+    expected = (raw - mean[None, :, None, None]) / std[None, :, None, None]  # eval images are not augmented
+    assert x.dtype == torch.float32 and np.allclose(x.numpy(), expected, atol=1e-5)
+    assert y.tolist() == images['test_batch'][1][:5].tolist()
+
+
+def test_crop_and_flip_against_numpy_for_every_offset():
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 256, (3, 3, 32, 32), dtype=np.uint8)
+    pad = 4
+    cases = [(i, dy, dx, f) for i in range(3) for dy in range(2 * pad + 1) for dx in range(2 * pad + 1) for f in (0, 1)]
+    i, dy, dx, flip = (torch.tensor(c) for c in zip(*cases))
+    got = crop_and_flip(torch.from_numpy(images)[i], dy, dx, flip.bool(), pad).numpy()
+    for k, (n, a, b, f) in enumerate(cases):
+        padded = np.pad(images[n], ((0, 0), (pad, pad), (pad, pad)))  # zeros, as torchvision's RandomCrop(32, 4)
+        want = padded[:, a:a + 32, b:b + 32]
+        assert np.array_equal(got[k], want[:, :, ::-1] if f else want), (n, a, b, f)
+    x = torch.from_numpy(images)
+    centre = torch.full((3,), pad)
+    assert torch.equal(crop_and_flip(x, centre, centre, torch.zeros(3, dtype=torch.bool), pad), x)
+    assert torch.equal(crop_and_flip(x, centre, centre, torch.ones(3, dtype=torch.bool), pad), x.flip(-1))  # a mirror
+
+
+def test_training_draws_each_image_once_per_epoch_with_every_crop_and_flip(cifar):
+    folder, images = cifar
+    data = open_training_data('cifar10', str(folder), 128, None, None, 16, 1337)[1]
+    count, n = 32, 200
+    steps = 3 * n // count + 2  # three epochs and a bit, with steps that straddle the epoch boundaries
+    rows = torch.cat([data.draw(7, s, count) for s in range(steps)])
+    for e in range(3):
+        assert sorted(rows[e * n:(e + 1) * n, 0].tolist()) == list(range(n))  # every image once per epoch
+    assert not torch.equal(rows[:n, 0], rows[n:2 * n, 0])  # a new order each epoch
+    assert set(rows[:, 1].tolist()) == set(rows[:, 2].tolist()) == set(range(9))  # offsets 0..2 x pad: all of the padding
+    assert 0.4 < rows[:, 3].float().mean() < 0.6
+    fresh = open_training_data('cifar10', str(folder), 128, None, None, 16, 1337)[1]  # (seed, step) alone decide
+    assert torch.equal(fresh.draw(7, 9, count), data.draw(7, 9, count))
+    x, y = data.batch('train', rows[:count], 'cpu')
+    train_labels = np.concatenate([images[f'data_batch_{i}'][1] for i in range(1, 6)])
+    assert x.shape == (count, 3, 32, 32) and y.tolist() == train_labels[rows[:count, 0].numpy()].tolist()
+
+
+def tiny_vit(**kw):
+    return ViT(ViTConfig(**dict(dict(n_layer=2, n_head=2, n_embd=32, image_size=8, patch_size=4, bias=True), **kw)))
+
+
+@pytest.mark.parametrize('attn,pool,norm', [('standard', 'cls', 'layernorm'), ('diff', 'mean', 'dyt'),
+                                            ('standard', 'mean', 'derf')])
+def test_every_position_attends_to_every_other(attn, pool, norm):
+    torch.manual_seed(0)
+    vit = tiny_vit(attn=attn, pool=pool, norm=norm).eval()
+    x = torch.randn(1, 3, 8, 8)
+    base = vit.hidden(x)
+    for row, col in ((0, 0), (0, 4), (4, 0), (4, 4)):  # each of the 4 patches, the last one included
+        y = x.clone()
+        y[:, :, row:row + 4, col:col + 4] += 1.0
+        changed = (vit.hidden(y) - base).abs().amax(dim=-1)[0]
+        assert (changed > 1e-4).all(), (row, col, changed)  # every output moves, the first one too
+    # the GPT is still causal: a change to the last token leaves every earlier position alone
+    gpt = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=8, vocab_size=16, attn=attn, norm=norm)).eval()
+    idx = torch.randint(16, (1, 8))
+    idx2 = idx.clone()
+    idx2[0, -1] = (idx[0, -1] + 1) % 16
+    assert torch.allclose(gpt.hidden(idx)[:, :-1], gpt.hidden(idx2)[:, :-1])
+
+
+def test_patch_embedding_is_a_strided_convolution_and_the_parameter_count():
+    torch.manual_seed(0)
+    vit = tiny_vit(image_size=16)
+    x = torch.randn(2, 3, 16, 16)
+    seen = {}
+    vit.transformer.patch.register_forward_hook(lambda m, i, o: seen.update(out=o))
+    vit(x)
+    w = vit.transformer.patch.weight.view(32, 3, 4, 4)
+    conv = F.conv2d(x, w, vit.transformer.patch.bias, stride=4).flatten(2).transpose(1, 2)  # patches row by row
+    assert torch.allclose(seen['out'], conv, atol=1e-5)
+    # the study's ViT: 6 layers, width C = 256, 4x4 patches of 32x32 images + a class token = 65 positions
+    C = 256
+    block = (4 * C * C + 4 * C) + (8 * C * C + 5 * C)  # attention, MLP (weights and biases)
+    outside = (48 * C + C) + 65 * C + C + (10 * C + 10)  # patch embedding, positions, class token, head
+    for norm, per_norm in (('layernorm', 2 * C), ('dyt', 2 * C + 1)):  # gain and bias (+ DyT's alpha)
+        with torch.device('meta'):
+            n = sum(p.numel() for p in ViT(ViTConfig(n_layer=6, n_head=4, n_embd=C, bias=True, norm=norm)).parameters())
+        assert n == 6 * (block + 2 * per_norm) + per_norm + outside
+    assert n == 4_771_095  # "about 4.8M"
+    with pytest.raises(ValueError, match="needs pos='learned'"):
+        ViTConfig(pos='rope')
+    with pytest.raises(ValueError, match='must divide image_size'):
+        ViTConfig(patch_size=5)
+
+
+def test_the_vit_configs_give_the_studys_recipe(monkeypatch):
+    monkeypatch.chdir(REPO)
+    for name, norm, alpha in (('ln', 'layernorm', None), ('dyt', 'dyt', 0.5), ('derf', 'derf', 0.5)):
+        cfg = configure(train.DEFAULTS, [f'config/vit_cifar10_{name}.py'], train.OPTIONAL_TYPES)
+        assert (cfg['dataset'], cfg['n_layer'], cfg['n_head'], cfg['n_embd'], cfg['patch_size']) == ('cifar10', 6, 4, 256, 4)
+        assert (cfg['learning_rate'], cfg['weight_decay'], cfg['batch_size'] * cfg['gradient_accumulation_steps']) \
+            == (1e-3, 0.05, 128)
+        assert (cfg['max_iters'] - 1) * 128 < 100 * 50_000 <= cfg['max_iters'] * 128  # 100 epochs
+        assert cfg['decay_lr'] and cfg['lr_decay_iters'] == cfg['max_iters'] and cfg['min_lr'] == 0  # cosine to 0
+        assert cfg['norm'] == norm and (alpha is None or cfg['dyt_alpha'] == alpha)
+        assert cfg['out_dir'] == f'out/vit_cifar10_{name}'
+
+
+def run(folder, out_dir, *args):
+    return train.main(['--dataset=cifar10', f'--data_dir={folder}', f'--out_dir={out_dir}', *TINY, *args])
+
+
+def records(out_dir, event):
+    with open(os.path.join(out_dir, 'log.jsonl')) as f:
+        return [r for r in map(json.loads, f) if r['event'] == event]
+
+
+@pytest.mark.parametrize('norm', ['layernorm', 'dyt'])
+def test_train_py_trains_a_vit_and_resumes_exactly(cifar, tmp_path, norm, capsys):
+    folder, _ = cifar
+    out = tmp_path / 'full'
+    assert run(folder, out, f'--norm={norm}', '--max_iters=40') == 0
+    assert 'ViT, patch 8, cls pooling' in capsys.readouterr().out
+    evals = records(out, 'eval')
+    assert [r['iter'] for r in evals] == [0, 10, 20, 30, 40]
+    assert evals[-1]['train_loss'] < evals[0]['train_loss'] - 0.5  # from about ln 10 = 2.30
+    assert evals[-1]['val_acc'] >= 0.3 and evals[0]['val_acc'] <= 0.2  # chance is 0.1
+    assert all(r['images_per_sec'] > 0 for r in records(out, 'step')[1:]) and records(out, 'step')[-1]['epochs'] == 4.0
+    summary = json.loads((out / 'summary.json').read_text())
+    assert summary['final_val_acc'] == evals[-1]['val_acc'] and summary['budget_images'] == 200
+    if norm == 'dyt':
+        assert evals[-1]['saturation'] is not None and len(evals[-1]['norm_layers']) == 5
+    # 13 steps (mid-epoch: the resumed run starts inside an epoch's order), then resumed to 40: the same weights
+    part = tmp_path / 'part'
+    assert run(folder, part, f'--norm={norm}', '--max_iters=13') == 0
+    assert run(folder, part, f'--norm={norm}', '--max_iters=40', '--init_from=resume') == 0
+    full_model, _ = load_checkpoint(out)
+    resumed, _ = load_checkpoint(part)
+    for (k, a), b in zip(full_model.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), k
+
+
+def test_analyze_reads_the_vit_and_sample_refuses_it(cifar, tmp_path):
+    folder, _ = cifar
+    out = tmp_path / 'dyt'
+    assert run(folder, out, '--norm=dyt', '--dyt_alpha=2.0', '--max_iters=10') == 0
+    res, _ = analyze.analyze(str(out / 'ckpt.pt'), 'saturation', dict(analyze.DEFAULTS, windows=24, device='cpu'))
+    # the same measurement written out: train.py's eval images, hooks on every DyT layer, |alpha x| > 2
+    model, _ = load_checkpoint(out)
+    data = open_training_data('cifar10', str(folder), 0, None, None, 24, 1337)[1]
+    x, _ = data.batch('train', data.eval_ids['train'], 'cpu')
+    above, total = {}, {}
+
+    def hook(name):
+        def count(module, inputs, output):
+            a = (module.alpha * inputs[0]).abs()
+            above[name] = above.get(name, 0) + (a > 2.0).sum().item()
+            total[name] = total.get(name, 0) + a.numel()
+        return count
+    for name, layer in model.norm_layers():
+        layer.register_forward_hook(hook(name))
+    with torch.no_grad():
+        for k in range(0, 24, 10):
+            model(x[k:k + 10])
+    layers = res['saturation']['layers']
+    assert set(layers) == set(above) and res['windows']['count'] == 24 and res['windows']['block_size'] == 17
+    for name in above:
+        assert layers[name]['saturation'][res['saturation']['thresholds'].index(2.0)] == pytest.approx(
+            above[name] / total[name], abs=1e-9)
+    with pytest.raises(SystemExit, match='holds a ViT, an image classifier'):
+        sample.main([f'--out_dir={out}', '--max_new_tokens=2'])
+
+
+def test_the_alpha0_sweep_runs_as_a_study_grid(cifar, tmp_path, monkeypatch):
+    """config/grid_vit.py's cells, then the same sweep at a tiny shape through study.py run and report."""
+    monkeypatch.chdir(REPO)
+    grid, cells = study.load_grid('config/grid_vit.py')
+    assert [c['variant'] for c in cells] == ['ln', 'dyt_a05', 'dyt_a1', 'dyt_a2', 'derf_a05']
+    alphas = [configure(train.DEFAULTS, c['args'], train.OPTIONAL_TYPES) for c in cells]
+    assert [(a['norm'], a['dyt_alpha'], a['dataset'], a['n_embd']) for a in alphas[1:]] == [
+        ('dyt', 0.5, 'cifar10', 256), ('dyt', 1.0, 'cifar10', 256), ('dyt', 2.0, 'cifar10', 256), ('derf', 0.5, 'cifar10', 256)]
+    folder, _ = cifar
+    tiny = dict(a.removeprefix('--').split('=') for a in TINY)
+    scale = {k: eval(v) if v[0].isdigit() or v in ('True', 'False') else v for k, v in tiny.items()}
+    path = tmp_path / 'grid.py'
+    path.write_text(f"scales = {{'vit': {dict(scale, dataset='cifar10', data_dir=str(folder), max_iters=20, eval_interval=10, compile=False)!r}}}\n"
+                    "budgets = [None]\nvariants = ['ln', 'dyt_a05', 'dyt_a2']\nseeds = [1]\nscreen_steps = 10\n"
+                    "custom_variants = {'dyt_a05': dict(norm='dyt', dyt_alpha=0.5), 'dyt_a2': dict(norm='dyt', dyt_alpha=2.0)}\n"
+                    f"out_dir = {str(tmp_path / 'out')!r}\n")
+    study.main(['run', str(path)])
+    rep = study.main(['report', str(tmp_path / 'out'), '--bootstrap=10'])
+    assert {r['name']: r['status'] for r in rep['runs']} == {f'vit_all_{v}_s1': 'finished' for v in ('ln', 'dyt_a05', 'dyt_a2')}
+    for r in rep['runs']:
+        summary = json.loads(open(os.path.join(r['dir'], 'summary.json')).read())
+        assert r['acc'] == summary['final_val_acc'] and r['final'] == summary['final_val_loss']
+        assert r['variant'] == 'ln' or r['sat'] == summary['saturation'][3]
+        assert r['analysis_error'] is None and r['erank'] > 1  # analyze.py ran on the ViT (too small for spectra)
+    groups = {g['variant']: g for g in rep['groups']}
+    assert groups['dyt_a2']['change_final'] == pytest.approx(
+        100 * (groups['dyt_a2']['final'] - groups['ln']['final']) / groups['ln']['final'])
+    assert 'final val accuracy' in open(tmp_path / 'out' / 'report.md').read()
