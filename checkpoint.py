@@ -1,9 +1,11 @@
 """
 Run checkpoints: where they are, how train.py writes them (once, atomically, from FSDP shards too) and resumes
-from them (rank 0 reads, the others receive), and how every script loads one with errors that say what is wrong.
+from them (rank 0 reads, the others receive), and how every script loads one with errors that say what is wrong;
+and a run directory's other files (config.json, log.jsonl, summary.json).
 A checkpoint is one torch.save file: 'model' and 'model_args' (enough for load_checkpoint), and from train.py
 'optimizer', 'config', 'iter_num', the best val loss, the divergence guard, the last eval and the sampler's state.
 """
+import json
 import os
 import pickle
 import zipfile
@@ -12,7 +14,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
 
-from data.common import atomic_write
+from data.common import atomic_write, read_log, write_json
 from model import build_model, pick_device
 
 CHECKPOINTS = {'latest': 'ckpt.pt', 'best': 'best.pt'}  # a run directory's checkpoints, by the name users pick
@@ -99,8 +101,10 @@ def training_state(model, optimizer, **fields):
     """A checkpoint of a training run: the whole model and optimizer state (gathered from FSDP shards: one ordinary
     file whatever the process count, in CPU memory) and `fields`. Collective under torchrun: every process calls it."""
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return {'model': get_model_state_dict(model, options=full),
-            'optimizer': get_optimizer_state_dict(model, optimizer, options=full), **fields}
+    weights = get_model_state_dict(model, options=full)
+    if 'lm_head.weight' in weights:  # tied to the token embedding, but gathered as two copies: save it once
+        weights['lm_head.weight'] = weights['transformer.wte.weight']
+    return {'model': weights, 'optimizer': get_optimizer_state_dict(model, optimizer, options=full), **fields}
 
 
 def save_checkpoint(state, out_dir, best=False):
@@ -155,3 +159,36 @@ def load_training_state(raw, optimizer, ckpt, env):
     keep = not env.ddp or env.master
     set_model_state_dict(raw, ckpt['model'] if keep else {}, options=options)
     set_optimizer_state_dict(raw, optimizer, ckpt['optimizer'] if keep else {}, options=options)
+
+
+def prepare_run_dir(out_dir, config, resume_iter=None):
+    """out_dir ready for a run: config.json written; log.jsonl cut back to what happened up to the checkpoint resumed
+    at resume_iter (its eval included), or emptied for a new run, which also removes the checkpoints and summary of
+    a run it replaces (--overwrite): no file to mix with this one."""
+    os.makedirs(out_dir, exist_ok=True)
+    if resume_iter is None:
+        for name in (*CHECKPOINTS.values(), 'summary.json'):
+            if os.path.exists(os.path.join(out_dir, name)):
+                os.remove(os.path.join(out_dir, name))
+    write_json(os.path.join(out_dir, 'config.json'), config)
+    log_path = os.path.join(out_dir, 'log.jsonl')
+    kept = [] if resume_iter is None else read_log(log_path, lambda r: r['iter'] < resume_iter or (
+        r['iter'] == resume_iter and r['event'] in ('eval', 'stopped')))
+    atomic_write(log_path, lambda f: f.write(''.join(json.dumps(r) + '\n' for r in kept).encode()))
+
+
+def write_summary(out_dir, status, state, facts):
+    """out_dir/summary.json, how a run ended ('finished' or 'diverged'; study.py reads it): from its training state
+    the last eval, the best val loss and the divergence, then the run's `facts` (data, model, config)."""
+    last, it, diverged = state['last_eval'] or {}, state['iter_num'], status == 'diverged'
+    layers = last.get('norm_layers', {})
+    write_json(os.path.join(out_dir, 'summary.json'), {
+        'status': status, 'final_iter': last.get('iter'), 'final_val_loss': last.get('val_loss'),
+        'final_train_loss': last.get('train_loss'), 'final_val_acc': last.get('val_acc'),
+        'final_train_acc': last.get('train_acc'),
+        'best_val_loss': state['best_val_loss'] if state['best_iter'] is not None else None,
+        'best_iter': state['best_iter'], 'saturation': last.get('saturation'), 'thresholds': last.get('thresholds'),
+        'saturation_layers': {k: v['saturation'] for k, v in layers.items() if v['saturation'] is not None},
+        'alphas': {k: v['alpha'] for k, v in layers.items() if v['alpha'] is not None}, 'iters': it,
+        'wall_time_s': state['wall_time_s'], 'diverged': diverged, 'diverged_reason': state.get('diverged'),
+        'diverged_iter': it if diverged else None, 'warnings': last.get('warnings'), **facts})

@@ -178,13 +178,18 @@ def format_memory_plan(plan, device_memory=None):
     return lines
 
 
+def memory_plan_lines(config, batch_size, world_size, fsdp, dtype, compile, device):
+    """What train.py prints of this run's plan before it builds the model (told before it runs out of memory): the
+    plan and its share of the GPU on CUDA; on other devices only a run big enough to matter (over 1 GiB)."""
+    plan = memory_plan(config, batch_size, world_size, fsdp, dtype, compile)
+    capacity = torch.cuda.get_device_properties(device).total_memory if device.startswith('cuda') else None
+    return format_memory_plan(plan, capacity) if capacity or plan['total'] > 2 ** 30 else []
+
+
 def checkpoint_bytes(config):
-    """Size of a train.py checkpoint (ckpt.pt, best.pt) by part, in bytes: the float32 weights ('model') and
-    AdamW's two float32 moments ('optimizer'); the step counters and the pickled metadata add a few KB.
-    The tied embedding is written twice: train.py gathers the state with get_model_state_dict(full_state_dict=
-    True, cpu_offload=True), which copies transformer.wte.weight and lm_head.weight to the CPU one key at a
-    time, so the two keys no longer share a storage and torch.save writes both. Rank 0 holds all of it in host
+    """Size of a train.py checkpoint (ckpt.pt, best.pt) by part, in bytes: the float32 weights ('model', the tied
+    embedding once: checkpoint.training_state re-ties the two copies that gathering makes) and AdamW's two float32
+    moments ('optimizer'); the step counters and the pickled metadata add a few KB. Rank 0 holds all of it in host
     RAM while torch.save streams it to the file: the host RAM a save needs is about 'total'."""
     n = param_count(config)
-    model = 4 * (n + config.vocab_size * config.n_embd)
-    return {'model': model, 'optimizer': 8 * n, 'total': model + 8 * n}
+    return {'model': 4 * n, 'optimizer': 8 * n, 'total': 12 * n}

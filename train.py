@@ -3,19 +3,14 @@ Train a GPT variant (model.py) on a tokenized corpus, or a ViT on CIFAR-10, on a
 
   python train.py                                   # tiny model on the offline pydocs corpus: about a minute on 2 CPU cores
   python train.py config/gpt2_64m_dyt.py --train_tokens=1_000_000 --seed=42 --out_dir=out/dyt_1M_s42
-  torchrun --standalone --nproc_per_node=8 train.py config/gpt2_64m_dyt.py
-  python train.py config/gpt2_64m_dyt.py --init_from=auto       # resume if out_dir holds a run, else start one
+  torchrun --standalone --nproc_per_node=8 train.py config/gpt2_64m_dyt.py --init_from=auto  # resume if out_dir has a run
   python train.py config/vit_cifar10_dyt.py                     # image data: the model is a ViT
 
-Configuration (nanoGPT's convention, see configurator.py): the globals below are the defaults, then config
-files, then --key=value (`python train.py --help` lists them). Every GPTConfig/ViTConfig field is a key too.
-A step trains on batch_size x gradient_accumulation_steps samples on any number of processes, split evenly.
-A new run refuses an out_dir that already holds one (--overwrite=True replaces it). Writes to out_dir:
-config.json, log.jsonl (one JSON object per event), ckpt.pt (latest, every eval), best.pt (best val loss),
-summary.json (when the run ends, with its "status": "finished" or "diverged").
-SIGTERM, SIGUSR1 (Slurm's --signal) and Ctrl-C stop the run at the next step with ckpt.pt written; the same
-command with --init_from=auto continues it. Exit status: 0 finished; 3 diverged (the checkpoints are the last
-good ones); 4 stopped by a signal; 1 error (torchrun reports every non-zero status as 1: README "Training").
+Config (nanoGPT's convention, configurator.py): the globals below, then config files, then --key=value; every
+GPTConfig/ViTConfig field is a key too (`python train.py --help` lists them). Writes to out_dir: config.json,
+log.jsonl, ckpt.pt (every eval), best.pt (best val loss), summary.json (with "status": "finished" or "diverged").
+SIGTERM, SIGUSR1 (Slurm's --signal) and Ctrl-C stop at the next step with ckpt.pt written. Exit status: 0
+finished, 3 diverged, 4 stopped by a signal, 1 error (torchrun reports any non-zero status as 1: README "Training").
 """
 import importlib.util
 import json
@@ -34,10 +29,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from batches import derived_seed, micro_batches, open_training_data
-from checkpoint import load_training_state, read_resume_checkpoint, save_checkpoint, training_state
+from checkpoint import (load_training_state, prepare_run_dir, read_resume_checkpoint, save_checkpoint, training_state,
+                        write_summary)
 from configurator import configure, plain_globals
-from data.common import DATA_DIR, DataError, atomic_write, read_log, write_json
-from memory import format_memory_plan, memory_plan
+from data.common import DATA_DIR, DataError
+from memory import memory_plan_lines
 from model import GPTConfig, ViTConfig, build_model, pick_device, precision
 
 # -----------------------------------------------------------------------------------------------------------
@@ -103,13 +99,11 @@ OPTIONAL_TYPES = dict(data_dir=str, train_tokens=int, val_tokens=int, tiktoken_f
                       spike_factor=float, device=str, dtype=str, backend=str, peak_flops=float)
 OPTIONAL_TYPES.update({k: get_args(hint)[0] for k, hint in get_type_hints(GPTConfig).items()
                        if type(None) in get_args(hint)})
-# The fixed train-split eval samples: for token data analyze.py's windows (data.common.random_windows, this seed).
-EVAL_SEED = 1337
+EVAL_SEED = 1337  # the fixed train-split eval samples: for token data analyze.py's (data.common.random_windows)
 COLLAPSE_MARGIN = 0.1  # nats: a train loss this close to the entropy of the token (class) frequencies
 EXIT_DIVERGED, EXIT_STOPPED = 3, 4
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
-# long enough for rank 0 to write a 3.78b checkpoint (45 GB) while the others wait at a barrier
-COLLECTIVE_TIMEOUT = timedelta(minutes=60)
+COLLECTIVE_TIMEOUT = timedelta(minutes=60)  # rank 0 writes a 3.78b checkpoint (45 GB) while the others wait
 
 
 def get_lr(it, cfg):
@@ -172,8 +166,7 @@ def setup(cfg):
 
 
 def resolve(cfg, world):
-    """Fill in the automatic choices (device, dtype, backend, init_from=auto) and check every value before
-    anything is read or written."""
+    """Fill in device, dtype, backend and init_from=auto; check every value before anything is read or written."""
     try:
         cfg.device = pick_device(cfg.device)
         GPTConfig(**{f.name: getattr(cfg, f.name) for f in fields(GPTConfig)})  # the architecture's own checks
@@ -181,11 +174,11 @@ def resolve(cfg, world):
         raise SystemExit(f'error: {e}') from None
     cfg.dtype = precision(cfg.device, cfg.dtype)[0]
     cfg.backend = cfg.backend or ('nccl' if cfg.device.startswith('cuda') else 'gloo')
+    has_run = os.path.exists(os.path.join(cfg.out_dir, 'ckpt.pt'))
     if cfg.init_from == 'auto':
-        cfg.init_from = 'resume' if os.path.exists(os.path.join(cfg.out_dir, 'ckpt.pt')) else 'scratch'
+        cfg.init_from = 'resume' if has_run else 'scratch'
     checks = [(cfg.init_from in ('scratch', 'resume'), "init_from must be 'scratch', 'resume' or 'auto'"),
-              (cfg.init_from == 'resume' or cfg.overwrite or cfg.eval_only
-               or not os.path.exists(os.path.join(cfg.out_dir, 'ckpt.pt')),
+              (cfg.init_from == 'resume' or cfg.overwrite or cfg.eval_only or not has_run,
                f'{cfg.out_dir} already holds a run (ckpt.pt); pass --out_dir=NEW, --init_from=resume (or auto), '
                f'or --overwrite=True'),
               (cfg.dtype in ('float32', 'bfloat16'), "dtype must be 'float32' or 'bfloat16'"),
@@ -230,13 +223,12 @@ def open_data(cfg, env):
 
 
 def start_run(cfg, env, meta, data):
-    """Everything the loop needs: model, optimizer, state (resumed or new), the out_dir prepared. None when the
-    run to resume has already reached max_iters."""
+    """The loop's model, optimizer and state (new or resumed), out_dir prepared; None if out_dir's run is complete."""
     config = vars(cfg).copy()
     arch = ViTConfig if data.unit == 'images' else GPTConfig  # the model follows the data
     model_args = {f.name: config[f.name] for f in fields(arch) if f.init and f.name not in DATA_DIMS} | data.dims
     try:
-        arch(**model_args)
+        model_config = arch(**model_args)
     except ValueError as e:
         raise SystemExit(f'error: {e}') from None
     ckpt = read_resume_checkpoint(cfg, model_args, data.n_train, env.master) if cfg.init_from == 'resume' else None
@@ -253,10 +245,9 @@ def start_run(cfg, env, meta, data):
     if env.master:
         print('config:\n' + '\n'.join(f'  {k} = {v!r}' for k, v in config.items()))
     if env.master and data.unit == 'tokens':  # before the model exists: told before it runs out of memory
-        plan = memory_plan(arch(**model_args), max(c for _, c in micro), env.world, env.fsdp, env.ptdtype, cfg.compile)
-        capacity = torch.cuda.get_device_properties(env.device).total_memory if env.device_type == 'cuda' else None
-        if capacity or plan['total'] > 2 ** 30:  # a GPU, or a run big enough to matter on a CPU
-            print('\n'.join(format_memory_plan(plan, capacity)))
+        for line in memory_plan_lines(model_config, max(c for _, c in micro), env.world, env.fsdp, env.ptdtype,
+                                      cfg.compile, env.device):
+            print(line)
     raw, model = build(cfg, model_args, env)
     optimizer = raw.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2), env.device_type)
     state = dict(iter_num=0, best_val_loss=float('inf'), best_iter=None, guard={}, last_eval=None, wall_time_s=0.0)
@@ -279,15 +270,17 @@ def start_run(cfg, env, meta, data):
         if run.resumed:
             print(f"resuming {cfg.out_dir} at iter {state['iter_num']} (best val loss {state['best_val_loss']:.4f})")
     if run.writing:
-        prepare_out_dir(cfg, run)
+        prepare_run_dir(cfg.out_dir, config, state['iter_num'] if run.resumed else None)
+        if cfg.wandb_log:
+            import wandb
+            wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=config)
     return run
 
 
 def build(cfg, model_args, env):
     """(raw model, the module the training step calls): DDP then compile (the gradient all-reduce overlaps the
-    compiled backward: DDPOptimizer splits the graph at bucket boundaries), or under FSDP each block compiled,
-    then sharded, built on the meta device and materialised only as shards. fp32 parameters with bf16 autocast
-    in both cases, so every scale trains with the same numerics."""
+    compiled backward: DDPOptimizer splits the graph at bucket boundaries), or under FSDP each block compiled, then
+    sharded, materialised only as shards. fp32 weights with bf16 autocast either way: every scale, the same numerics."""
     torch.manual_seed(cfg.seed)
     if not env.fsdp:
         raw = build_model(model_args).to(env.device)
@@ -308,23 +301,6 @@ def build(cfg, model_args, env):
     raw.materialize(env.device)  # the weights of the unsharded init with the same seed, shard by shard
     return raw, raw
 
-
-def prepare_out_dir(cfg, run):
-    os.makedirs(cfg.out_dir, exist_ok=True)
-    if cfg.init_from == 'scratch':  # a run replaced with --overwrite leaves no file to mix with this one
-        for name in ('ckpt.pt', 'best.pt', 'summary.json'):
-            if os.path.exists(os.path.join(cfg.out_dir, name)):
-                os.remove(os.path.join(cfg.out_dir, name))
-    write_json(os.path.join(cfg.out_dir, 'config.json'), run.config)
-    # a resumed log keeps what happened up to the checkpoint (its eval included), a new run starts afresh
-    it = run.state['iter_num']
-    kept = read_log(run.log_path, lambda r: r['iter'] < it or (r['iter'] == it and r['event'] in ('eval', 'stopped'))) \
-        if run.resumed else []
-    atomic_write(run.log_path, lambda f: f.write(''.join(json.dumps(r) + '\n' for r in kept).encode()))
-    if cfg.wandb_log:
-        import wandb
-        wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=run.config)
-
 # ------------------------------------------------------------------------------------------------- the loop
 
 
@@ -340,10 +316,7 @@ def train(cfg, env, run):
         already_done = it == start_iter and run.resumed  # a resumed checkpoint's evaluation is already in the log
         if cfg.eval_only or (it % cfg.eval_interval == 0 or it >= cfg.max_iters) and not already_done:
             record = evaluate(cfg, env, run, it)
-            if record is None:
-                status = 'diverged'
-                break
-            if cfg.eval_only:
+            if record is None or cfg.eval_only:  # None: a non-finite eval loss
                 break
             saved = save_checkpoints(cfg, env, run, it, record['improved'], t_start)
             t_log, steps_since_log = time.time(), 0  # throughput excludes evaluation and checkpointing
@@ -361,7 +334,6 @@ def train(cfg, env, run):
             s['diverged'] = (f"loss spike at iter {it}: {loss:.4f} > spike_factor {cfg.spike_factor} x best "
                              f"smoothed loss {s['guard']['best_ema']:.4f}")
         if s.get('diverged'):
-            status = 'diverged'
             break
         run.optimizer.step()
         run.optimizer.zero_grad(set_to_none=True)
@@ -374,7 +346,7 @@ def train(cfg, env, run):
             log_step(cfg, env, run, it, loss, grad_norm, None if first_interval else dt)
             t_log, steps_since_log, first_interval = time.time(), 0, False
     s['wall_time_s'] += time.time() - t_start
-    return status
+    return 'diverged' if s.get('diverged') else status  # s['diverged'] holds the reason
 
 
 def train_step(cfg, env, run, it):
@@ -419,8 +391,7 @@ def train_step(cfg, env, run, it):
 
 @torch.no_grad()
 def mean_loss(cfg, env, run, split):
-    """Mean loss and accuracy (next token, or class) over the split's eval samples; each process takes an equal
-    share, the sums are all-reduced."""
+    """Mean loss and accuracy (next token, or class) over the split's eval samples, shared out over the processes."""
     run.raw.eval()
     ids = run.data.eval_ids[split]
     sums = torch.zeros(2, device=env.device)  # loss x samples, correct predictions
@@ -437,8 +408,7 @@ def mean_loss(cfg, env, run, split):
 
 
 def evaluate(cfg, env, run, it):
-    """Train and val loss and accuracy, saturation and norm statistics at step `it`: logged, printed; None if not
-    finite."""
+    """Losses, accuracies, saturation and norm statistics at step `it`: logged and printed; None if not finite."""
     s, raw = run.state, run.raw
     raw.track_norm_stats(True)  # saturation etc. from the train samples, as the study measures it
     train_loss, train_acc = mean_loss(cfg, env, run, 'train')
@@ -464,12 +434,11 @@ def evaluate(cfg, env, run, it):
     record['warnings'] = collapse_signs(cfg, run, record)
     s['last_eval'] = record
     log(cfg, run, record)
-    sat = record['saturation']
     if env.master:
+        acc = f'train acc {train_acc:.2%}, val acc {val_acc:.2%}, ' if run.data.unit == 'images' else ''
+        sat = f", saturation@2.0 {stats['saturation'][stats['thresholds'].index(2.0)]:.3f}" if stats['saturation'] else ''
         print(f"step {it}: train loss {train_loss:.4f}, val loss {val_loss:.4f} (best {s['best_val_loss']:.4f} @ "
-              f"{s['best_iter']}), " + (f'train acc {train_acc:.2%}, val acc {val_acc:.2%}, ' if run.data.unit ==
-                                       'images' else '') + f"epochs {record['epochs']:.2f}"
-              + (f", saturation@2.0 {sat[record['thresholds'].index(2.0)]:.3f}" if sat else '')
+              f"{s['best_iter']}), {acc}epochs {record['epochs']:.2f}{sat}"
               + ''.join(f'\n  warning: {w}' for w in record['warnings']))
     return dict(record, improved=improved)
 
@@ -521,9 +490,8 @@ def log(cfg, run, record):
 
 
 def save_checkpoints(cfg, env, run, it, improved, t_start, force=False):
-    """ckpt.pt (latest) and, when val loss improved, best.pt (checkpoint.save_checkpoint): written after the
-    optimizer step of iteration it-1, so iter_num = it is the next iteration to run. Collective: under FSDP rank 0
-    gathers the state, the others wait."""
+    """ckpt.pt and, when val loss improved, best.pt, written after the optimizer step of iteration it-1: iter_num = it
+    is the next iteration to run. Collective: under FSDP rank 0 gathers the state, the others wait."""
     if not (force or cfg.always_save_checkpoint or improved or it >= cfg.max_iters):  # alike on every process
         return False
     s = run.state
@@ -555,25 +523,14 @@ def finish(cfg, env, run, status):
             print(f"stopped at iter {it} ({why}); ckpt.pt is saved. Continue with the same command and "
                   "--init_from=auto (or resume)")
     elif run.writing:
-        last = s['last_eval'] or {}
-        layers = last.get('norm_layers', {})
-        write_json(os.path.join(cfg.out_dir, 'summary.json'), {
-            'status': status, 'final_iter': last.get('iter'), 'final_val_loss': last.get('val_loss'),
-            'final_train_loss': last.get('train_loss'), 'final_val_acc': last.get('val_acc'),
-            'final_train_acc': last.get('train_acc'),
-            'best_val_loss': s['best_val_loss'] if s['best_iter'] is not None else None, 'best_iter': s['best_iter'],
-            'saturation': last.get('saturation'), 'thresholds': last.get('thresholds'),
-            'saturation_layers': {k: v['saturation'] for k, v in layers.items() if v['saturation'] is not None},
-            'alphas': {k: v['alpha'] for k, v in layers.items() if v['alpha'] is not None}, 'iters': it, **seen(run, it),
-            'wall_time_s': s['wall_time_s'], 'diverged': status == 'diverged', 'diverged_reason': s.get('diverged'),
-            'diverged_iter': it if status == 'diverged' else None, 'n_params': run.raw.get_num_params(),
-            f'budget_{run.data.unit}': run.data.n_train, 'unigram_entropy': run.data.entropy,
-            'warnings': last.get('warnings'), 'config': run.config})
-        if status == 'finished' and not cfg.eval_only:
-            print(f"done: {cfg.out_dir} at iter {it}, final val loss {last.get('val_loss', float('nan')):.4f}, best "
-                  f"{s['best_val_loss']:.4f} @ {s['best_iter']}. Next: "
-                  + ('' if run.data.unit == 'images' else f'python sample.py --out_dir={cfg.out_dir}; ')
-                  + f'python analyze.py all {cfg.out_dir}')
+        facts = {**seen(run, it), 'n_params': run.raw.get_num_params(), f'budget_{run.data.unit}': run.data.n_train,
+                 'unigram_entropy': run.data.entropy, 'config': run.config}
+        write_summary(cfg.out_dir, status, s, facts)
+        if status == 'finished':
+            final = (s['last_eval'] or {}).get('val_loss', float('nan'))
+            sample = '' if run.data.unit == 'images' else f'python sample.py --out_dir={cfg.out_dir}; '
+            print(f"done: {cfg.out_dir} at iter {it}, final val loss {final:.4f}, best {s['best_val_loss']:.4f} @ "
+                  f"{s['best_iter']}. Next: {sample}python analyze.py all {cfg.out_dir}")
     if run.writing and cfg.wandb_log:
         import wandb
         wandb.finish()

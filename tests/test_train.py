@@ -132,12 +132,12 @@ def test_help_prints_the_defaults(capsys):
 def test_memory_plan_printed_for_a_big_run(data_dir, tmp_path, capsys, monkeypatch):
     """train.py prints memory.py's plan of this very run (its shape, micro-batch and process count) when it is big."""
     import memory
-    seen = []
+    seen, real_plan = [], memory.memory_plan
 
     def plan(*args):
         seen.append(args)
-        return dict(memory.memory_plan(*args), total=2 ** 31)  # as if 2 GiB: big enough to be printed on a CPU
-    monkeypatch.setattr(train, 'memory_plan', plan)
+        return dict(real_plan(*args), total=2 ** 31)  # as if 2 GiB: big enough to be printed on a CPU
+    monkeypatch.setattr(memory, 'memory_plan', plan)  # memory.memory_plan_lines decides what train.py prints
     assert run(data_dir, tmp_path / 'big', '--max_iters=0', '--gradient_accumulation_steps=3') == 0
     config, micro, world, fsdp, dtype, compiled = seen[0]
     assert (config.n_embd, config.vocab_size, micro, world, fsdp, dtype, compiled) == (32, 64, 4, 1, False, torch.float32, False)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import analyze
+import eval as eval_script
 import sample
 import study
 import train
@@ -227,7 +228,7 @@ def test_train_py_trains_a_vit_and_resumes_exactly(cifar, tmp_path, norm, capsys
         assert torch.equal(a, b), k
 
 
-def test_analyze_reads_the_vit_and_sample_refuses_it(cifar, tmp_path):
+def test_analyze_reads_the_vit_and_sample_and_eval_refuse_it(cifar, tmp_path):
     folder, _ = cifar
     out = tmp_path / 'dyt'
     assert run(folder, out, '--norm=dyt', '--dyt_alpha=2.0', '--max_iters=10') == 0
@@ -254,8 +255,9 @@ def test_analyze_reads_the_vit_and_sample_refuses_it(cifar, tmp_path):
     for name in above:
         assert layers[name]['saturation'][res['saturation']['thresholds'].index(2.0)] == pytest.approx(
             above[name] / total[name], abs=1e-9)
-    with pytest.raises(SystemExit, match='holds a ViT, an image classifier'):
-        sample.main([f'--out_dir={out}', '--max_new_tokens=2'])
+    for main, argv in ((sample.main, [f'--out_dir={out}', '--max_new_tokens=2']), (eval_script.main, [str(out)])):
+        with pytest.raises(SystemExit, match='holds a ViT, an image classifier: this needs a language model'):
+            main(argv)
 
 
 def test_the_alpha0_sweep_runs_as_a_study_grid(cifar, tmp_path, monkeypatch):
