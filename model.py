@@ -392,8 +392,12 @@ class GPT(nn.Module):
             return torch.full(shape, float(fill))
         std = (self.config.emb_init_std if isinstance(module, nn.Embedding) else 0.1 if leaf.startswith('lambda_')
                else 0.02 / math.sqrt(2 * self.config.n_layer) if owner.endswith('c_proj') else 0.02)
+        return torch.randn(shape, generator=self.generator(name)) * std
+
+    def generator(self, name):
+        """The generator of a parameter's initial values, seeded by (init_seed, its name)."""
         seed = int.from_bytes(hashlib.blake2b(f'{self.init_seed}/{name}'.encode(), digest_size=8).digest(), 'little')
-        return torch.randn(shape, generator=torch.Generator().manual_seed(seed >> 1)) * std
+        return torch.Generator().manual_seed(seed >> 1)
 
     def get_num_params(self, non_embedding=True):
         """Parameter count; by default without position embeddings (token embeddings count: tied to lm_head)."""
@@ -455,11 +459,14 @@ class GPT(nn.Module):
         pooled = [sum(col) / len(sats) for col in zip(*sats)] if sats else None
         return {'thresholds': list(SAT_THRESHOLDS), 'layers': layers, 'saturation': pooled}
 
+    no_decay = ()  # >=2-D parameters exempt from weight decay by name (the ViT's)
+
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         """AdamW; weight decay only on >=2-D weights (never on norm/DyT parameters, lambdas, biases, scalars)."""
-        params = [p for p in self.parameters() if p.requires_grad]
-        groups = [{'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
-                  {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0}]
+        named = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
+        decay = [p.dim() >= 2 and n not in self.no_decay for n, p in named]
+        groups = [{'params': [p for (_, p), d in zip(named, decay) if d], 'weight_decay': weight_decay},
+                  {'params': [p for (_, p), d in zip(named, decay) if not d], 'weight_decay': 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == 'cuda')
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, peak=None, dtype=torch.bfloat16):
@@ -522,7 +529,8 @@ class ViTConfig(GPTConfig):
 class ViT(GPT):
     """Patches -> one linear layer (a convolution with stride = kernel = patch_size) (+ class token) + learned
     positions -> GPT's blocks, attention non-causal -> final norm -> class token or mean -> linear classifier.
-    GPT's init (by parameter name), norm statistics, optimizer and MFU apply as they are."""
+    GPT's norm statistics, optimizer and MFU apply as they are; init and weight decay follow timm's ViT."""
+    no_decay = ('transformer.wpe.weight', 'cls_token')  # timm's ViT exempts its position embeddings and class token
 
     def __init__(self, config):
         nn.Module.__init__(self)  # GPT's layers are not built: only the blocks and the final norm are shared
@@ -535,12 +543,22 @@ class ViT(GPT):
             h=nn.ModuleList([Block(config, i, causal=False) for i in range(config.n_layer)]),
             ln_f=make_norm(config, config.dyt_alpha_final),
         ))
-        # 1-D: no weight decay on it (AdamW's groups), as timm's ViT exempts its class token
         self.cls_token = nn.Parameter(torch.empty(config.n_embd)) if config.pool == 'cls' else None
         self.embed_scale = nn.Parameter(torch.full((1,), math.sqrt(config.n_embd))) if config.embed_scale else None
         self.head = nn.Linear(config.n_embd, config.n_classes)
         if self.head.weight.device.type != 'meta':
             self.init_weights()
+
+    def initial_value(self, name, shape):
+        """timm's ViT init (the DyT paper's vision models): the patch embedding keeps PyTorch's convolution default
+        U(+-1/sqrt(fan_in)), the class token N(0, 1e-6), every linear layer N(0, 0.02), the residual projections too
+        (no GPT-2 depth scaling); position embeddings N(0, emb_init_std), norms and other biases as in GPT."""
+        if name.startswith('transformer.patch.'):
+            bound = 1 / math.sqrt(self.config.channels * self.config.patch_size ** 2)
+            return (2 * torch.rand(shape, generator=self.generator(name)) - 1) * bound
+        if name == 'cls_token' or name.endswith('c_proj.weight'):
+            return torch.randn(shape, generator=self.generator(name)) * (1e-6 if name == 'cls_token' else 0.02)
+        return super().initial_value(name, shape)
 
     def hidden(self, images):
         """(B, channels, H, W) float images -> the final norm's output (B, tokens, n_embd), the class token first."""

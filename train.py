@@ -86,6 +86,7 @@ dtype = None  # 'float32' or 'bfloat16'; None = bfloat16 autocast on CUDA when s
 compile = False
 backend = None  # torch.distributed backend; None = 'nccl' on CUDA, 'gloo' otherwise
 fsdp = False  # under torchrun: shard parameters, gradients and optimizer state with FSDP2 (the 3.78b configs)
+fsdp_shard = 0  # HSDP: shard within groups of this many processes (a node's GPUs), replicate across them; 0 = all
 peak_flops = None  # the device's peak FLOP/s for MFU; None = model.peak_flops (known GPUs by name and dtype; no MFU on CPU)
 seed = 1337
 # -----------------------------------------------------------------------------------------------------------
@@ -186,6 +187,8 @@ def resolve(cfg, world):
                    cfg.gradient_accumulation_steps) > 0, 'eval_interval, log_interval, eval_iters, batch_size, '
                'block_size and gradient_accumulation_steps must be positive'),
               (cfg.max_iters >= 0, f'max_iters ({cfg.max_iters}) must be >= 0 (0 = evaluate the initial model)'),
+              (world == 1 or not cfg.fsdp_shard or cfg.fsdp and world % cfg.fsdp_shard == 0,
+               f'fsdp_shard={cfg.fsdp_shard} needs fsdp=True and must divide the {world} processes (a node\'s GPUs)'),
               (not cfg.wandb_log or importlib.util.find_spec('wandb'),
                'wandb_log=True, but wandb is not installed (pip install wandb)')]
     for n, what in ((cfg.batch_size * cfg.gradient_accumulation_steps, 'samples per step (batch_size x '
@@ -245,7 +248,8 @@ def start_run(cfg, env, meta, data):
     if env.master:
         print('config:\n' + '\n'.join(f'  {k} = {v!r}' for k, v in config.items()))
     if env.master and data.unit == 'tokens':  # before the model exists: told before it runs out of memory
-        for line in memory_plan_lines(model_config, max(c for _, c in micro), env.world, env.fsdp, env.ptdtype,
+        shards = min(cfg.fsdp_shard or env.world, env.world)  # the processes a parameter is sharded over
+        for line in memory_plan_lines(model_config, max(c for _, c in micro), shards, env.fsdp, env.ptdtype,
                                       cfg.compile, env.device):
             print(line)
     raw, model = build(cfg, model_args, env)
@@ -295,9 +299,14 @@ def build(cfg, model_args, env):
         for block in raw.transformer.h:
             block.forward = torch.compile(block.forward)
         raw.head_loss = torch.compile(raw.head_loss)
+    mesh = None
+    if cfg.fsdp_shard:  # a 2-D mesh: gathers stay inside a node, one gradient all-reduce crosses nodes
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh(env.device_type, (env.world // cfg.fsdp_shard, cfg.fsdp_shard),
+                                mesh_dim_names=('replicate', 'shard'))
     for block in raw.transformer.h:
-        fully_shard(block)
-    fully_shard(raw)
+        fully_shard(block, mesh=mesh)
+    fully_shard(raw, mesh=mesh)
     raw.materialize(env.device)  # the weights of the unsharded init with the same seed, shard by shard
     return raw, raw
 

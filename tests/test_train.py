@@ -384,6 +384,29 @@ def test_torchrun_two_processes_match_one(data_dir, tmp_path, fsdp):
     assert w1.keys() == w2.keys() and all(torch.allclose(w1[k], w2[k], atol=1e-5) for k in w1)
 
 
+def test_hsdp_on_four_processes_matches_one(data_dir, tmp_path):
+    """HSDP (fsdp_shard=2: a 2 x 2 mesh, sharded within pairs, replicated across them), stopped by a signal to one
+    process after step 3 and resumed with the same command: the single process's losses and final weights."""
+    args = ['--dataset=tiny', f'--data_dir={data_dir}', *TINY, '--max_iters=6', '--eval_interval=3', '--norm=dyt',
+            '--fsdp=True', '--fsdp_shard=2']
+    one, four = str(tmp_path / 'one'), str(tmp_path / 'four')
+    train.main(args + [f'--out_dir={one}'])
+    (tmp_path / 'stop_at.py').write_text(STOP_AT.format(it=3, rank=2, sig='SIGTERM'))
+    for script, status in ((str(tmp_path / 'stop_at.py'), 1), ('train.py', 0)):
+        proc = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=4',
+                               script, *args, f'--out_dir={four}', '--init_from=auto'], cwd=REPO, capture_output=True,
+                              text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO))
+        assert proc.returncode == status, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert [r['iter'] for r in records(four, 'stopped')] == [4]
+    for event, key in (('step', 'loss'), ('eval', 'val_loss')):
+        assert [r[key] for r in records(one, event)] == pytest.approx([r[key] for r in records(four, event)], abs=1e-5)
+    w1, w4 = (torch.load(os.path.join(d, 'ckpt.pt'), weights_only=True)['model'] for d in (one, four))
+    assert w1.keys() == w4.keys() and all(torch.allclose(w1[k], w4[k], atol=1e-5) for k in w1)
+    with pytest.raises(SystemExit, match="fsdp_shard=3 needs fsdp=True and must divide the 4 processes \\(a node's GPUs\\)"):
+        train.resolve(train.SimpleNamespace(**configure(train.DEFAULTS, ['--fsdp=True', '--fsdp_shard=3'],
+                                                        train.OPTIONAL_TYPES)), 4)
+
+
 def test_srun_starts_one_process_per_task(data_dir, tmp_path):
     """Under srun (README's Slurm script) there is no torchrun: train.py takes rank and world from Slurm."""
     with socket.socket() as s:

@@ -4,6 +4,8 @@ import json
 import math
 import os
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -24,7 +26,7 @@ from model import GPT, GPTConfig, ViT, ViTConfig
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_PER_BATCH, TEST_IMAGES = 40, 60  # 5 train batches: 200 train images
 TINY = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--patch_size=8', '--batch_size=20', '--eval_iters=2',
-        '--eval_interval=10', '--log_interval=5', '--learning_rate=3e-3', '--warmup_iters=0', '--lr_decay_iters=40',
+        '--eval_interval=10', '--log_interval=5', '--learning_rate=1e-2', '--warmup_iters=0', '--lr_decay_iters=40',
         '--min_lr=3e-4', '--weight_decay=0.05', '--emb_init_std=0.02', '--bias=True']
 
 
@@ -181,6 +183,26 @@ def test_patch_embedding_is_a_strided_convolution_and_the_parameter_count():
         ViTConfig(patch_size=5)
 
 
+def test_init_and_weight_decay_follow_timms_vit():
+    torch.manual_seed(0)
+    vit = ViT(ViTConfig(n_layer=6, n_head=4, n_embd=256, bias=True, norm='dyt', emb_init_std=0.02))
+    bound = 1 / math.sqrt(3 * 4 * 4)  # PyTorch's Conv2d default: kaiming_uniform(a=sqrt(5)) = U(+-1/sqrt(fan_in))
+    for p in (vit.transformer.patch.weight, vit.transformer.patch.bias):
+        assert p.abs().max() <= bound and p.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.05)
+    assert vit.cls_token.abs().max() < 1e-5 and vit.transformer.wpe.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    for name, p in vit.named_parameters():
+        if name.endswith(('c_attn.weight', 'c_proj.weight', 'c_fc.weight')) or name == 'head.weight':
+            assert p.std().item() == pytest.approx(0.02, rel=0.1), name  # no GPT-2 depth scaling
+        if name.endswith('.alpha'):
+            assert p.item() == 0.5
+    decayed, exempt = vit.configure_optimizers(0.05, 1e-3, (0.9, 0.999), 'cpu').param_groups
+    names = {id(p): n for n, p in vit.named_parameters()}
+    assert (decayed['weight_decay'], exempt['weight_decay']) == (0.05, 0.0)
+    assert {names[id(p)] for p in decayed['params']} == {n for n, p in vit.named_parameters() if p.dim() == 2} - {
+        'transformer.wpe.weight'}  # every matrix but the position embeddings; the class token is exempt too
+    assert 'cls_token' in {names[id(p)] for p in exempt['params']}
+
+
 def test_the_vit_configs_give_the_studys_recipe(monkeypatch):
     monkeypatch.chdir(REPO)
     for name, norm, alpha in (('ln', 'layernorm', None), ('dyt', 'dyt', 0.5), ('derf', 'derf', 0.5)):
@@ -212,7 +234,7 @@ def test_train_py_trains_a_vit_and_resumes_exactly(cifar, tmp_path, norm, capsys
     evals = records(out, 'eval')
     assert [r['iter'] for r in evals] == [0, 10, 20, 30, 40]
     assert evals[-1]['train_loss'] < evals[0]['train_loss'] - 0.5  # from about ln 10 = 2.30
-    assert evals[-1]['val_acc'] >= 0.3 and evals[0]['val_acc'] <= 0.2  # chance is 0.1
+    assert evals[-1]['val_acc'] >= max(0.3, evals[0]['val_acc'] + 0.2)  # chance is 0.1
     assert all(r['images_per_sec'] > 0 for r in records(out, 'step')[1:]) and records(out, 'step')[-1]['epochs'] == 4.0
     summary = json.loads((out / 'summary.json').read_text())
     assert summary['final_val_acc'] == evals[-1]['val_acc'] and summary['budget_images'] == 200
@@ -231,10 +253,15 @@ def test_train_py_trains_a_vit_and_resumes_exactly(cifar, tmp_path, norm, capsys
 def test_analyze_reads_the_vit_and_sample_and_eval_refuse_it(cifar, tmp_path):
     folder, _ = cifar
     out = tmp_path / 'dyt'
-    assert run(folder, out, '--norm=dyt', '--dyt_alpha=2.0', '--max_iters=10') == 0
-    res, _ = analyze.analyze(str(out / 'ckpt.pt'), 'saturation', dict(analyze.DEFAULTS, windows=24, device='cpu'))
-    # the same measurement written out: train.py's eval images, hooks on every DyT layer, |alpha x| > 2
+    assert run(folder, out, '--norm=dyt', '--dyt_alpha=2.0', '--max_iters=10', '--n_embd=64') == 0
+    res, _ = analyze.analyze(str(out / 'ckpt.pt'), 'all', dict(analyze.DEFAULTS, windows=24, device='cpu'))
+    # spectra: every 2-D weight with at least min_evals (50) eigenvalues, i.e. both sides >= 50 at width 64
     model, _ = load_checkpoint(out)
+    wide = {n.removesuffix('.weight') for n, p in model.named_parameters() if p.dim() == 2 and min(p.shape) >= 50}
+    assert set(res['spectra']['layers']) == wide and len(wide) == 2 * 4 + 1  # 4 per block, the 192 x 64 patch layer
+    assert all(math.isfinite(layer['alpha']) for layer in res['spectra']['layers'].values())
+    assert len(res['rank']['blocks']) == 2 and all(r > 1 for r in res['rank']['blocks'])
+    # the same saturation written out: train.py's eval images, hooks on every DyT layer, |alpha x| > 2
     data = open_training_data('cifar10', str(folder), 0, None, None, 24, 1337)[1]
     x, _ = data.batch('train', data.eval_ids['train'], 'cpu')
     above, total = {}, {}
@@ -288,3 +315,21 @@ def test_the_alpha0_sweep_runs_as_a_study_grid(cifar, tmp_path, monkeypatch):
     assert groups['dyt_a2']['change_final'] == pytest.approx(
         100 * (groups['dyt_a2']['final'] - groups['ln']['final']) / groups['ln']['final'])
     assert 'final val accuracy' in open(tmp_path / 'out' / 'report.md').read()
+
+
+def test_torchrun_two_processes_match_one(cifar, tmp_path):
+    """DDP on two gloo processes: 21 images per step (3 micro-batches of 7) split 11 + 10, crops and flips
+    included, give the single process's losses and accuracies."""
+    folder, _ = cifar
+    args = ['--dataset=cifar10', f'--data_dir={folder}', *TINY, '--batch_size=7', '--gradient_accumulation_steps=3',
+            '--max_iters=6', '--eval_interval=3', '--norm=dyt']
+    one, two = tmp_path / 'one', tmp_path / 'two'
+    assert train.main(args + [f'--out_dir={one}']) == 0
+    proc = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+                           'train.py', *args, f'--out_dir={two}'], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert 'global batch: 21 images/step (2 process(es) x 2 micro-batch(es) of <= 7)' in proc.stdout
+    for event, key in (('step', 'loss'), ('eval', 'val_loss'), ('eval', 'train_loss'), ('eval', 'val_acc')):
+        a, b = records(one, event), records(two, event)
+        assert len(a) == len(b) > 0 and [r[key] for r in a] == pytest.approx([r[key] for r in b], abs=1e-5), key
