@@ -81,7 +81,7 @@ class ImageData:
         self.eval_ids = {'train': self.rows(torch.from_numpy(
                              np.random.default_rng(eval_seed).permutation(self.n_train)[:eval_count])),
                          'val': self.rows(torch.arange(len(self.y_val)))}  # the whole test set
-        self.perms = {}
+        self.perms, self.scales = {}, {}
 
     def rows(self, index):
         """Samples of the images as they are: the crop at offset (pad, pad) of the padded image, not mirrored."""
@@ -111,7 +111,10 @@ class ImageData:
         index = rows[:, 0].numpy()
         images = crop_and_flip(torch.from_numpy(x[index]), rows[:, 1], rows[:, 2], rows[:, 3].bool(), self.pad)
         images = to_device(images, device).float().div_(255)
-        mean, std = (torch.tensor(v, device=images.device).view(1, -1, 1, 1) for v in (self.MEAN, self.STD))
+        if images.device not in self.scales:  # put on the device once, not at every batch
+            self.scales[images.device] = [torch.tensor(v, device=images.device).view(1, -1, 1, 1)
+                                          for v in (self.MEAN, self.STD)]
+        mean, std = self.scales[images.device]
         return (images - mean) / std, to_device(torch.from_numpy(y[index]), device)
 
 

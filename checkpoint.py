@@ -8,6 +8,7 @@ A checkpoint is one torch.save file: 'model' and 'model_args' (enough for load_c
 import json
 import os
 import pickle
+import shutil
 import zipfile
 
 import torch
@@ -118,13 +119,14 @@ def save_checkpoint(state, out_dir, best=False):
             os.link(path, tmp)
             os.replace(tmp, final)
         except OSError:
-            atomic_write(final, lambda f: f.write(open(path, 'rb').read()))
+            with open(path, 'rb') as src:  # streamed: a 3.78b checkpoint does not fit in RAM twice
+                atomic_write(final, lambda f: shutil.copyfileobj(src, f, 1 << 24))
 
 
 def read_resume_checkpoint(cfg, model_args, n_train, master):
     """The checkpoint to resume from, checked against the config (on every process: memory-mapped, no copy)."""
-    path = os.path.join(cfg.out_dir, 'ckpt.pt')
-    try:  # model.py's reader: clear errors for a missing, corrupt or foreign file (checked on 'meta': no copy)
+    path = checkpoint_file(cfg.out_dir)
+    try:  # clear errors for a missing, corrupt or foreign file (checked on 'meta': no copy)
         _, ckpt = load_checkpoint(path, device='meta')
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: init_from='resume': {e}") from None

@@ -367,11 +367,13 @@ def train_step(cfg, env, run, it):
         torch.manual_seed(derived_seed(cfg.seed, 'dropout', env.rank, it))
     parts = micro_batches(run.samples, env.world, env.rank, cfg.batch_size)
 
-    def micro_batch(step, k):  # (inputs, targets) of this process's k-th micro-batch of a step, on the device
+    def micro_batch(samples, k):  # (inputs, targets) of this process's k-th micro-batch of a step, on the device
         first, count = parts[k]
-        return run.data.batch('train', drawn[step][first:first + count], env.device)
-    drawn = {step: run.data.draw(cfg.seed, step, run.samples) for step in (it, it + 1)}
-    batch = run.prefetched.pop(it, None) or micro_batch(it, 0)
+        return run.data.batch('train', samples[first:first + count], env.device)
+    samples, batch = run.prefetched.pop(it, (None, None))  # drawn and copied during the previous step
+    if samples is None:
+        samples = run.data.draw(cfg.seed, it, run.samples)
+        batch = micro_batch(samples, 0)
     loss_sum = torch.zeros((), device=env.device)
     for k, (_, count) in enumerate(parts):
         if env.ddp_module:  # DDP all-reduces on the last micro-step only; FSDP reduce-scatters every one
@@ -379,7 +381,7 @@ def train_step(cfg, env, run, it):
         with env.ctx:
             _, loss = run.model(*batch)
         if k + 1 < len(parts):  # the next micro-batch's copy overlaps this backward
-            batch = micro_batch(it, k + 1)
+            batch = micro_batch(samples, k + 1)
         # weighted by its share of the step: the gradients' average over processes is the step's mean
         (loss * (count * env.world / run.samples)).backward()
         loss_sum += loss.detach().float() * (count / run.samples)
@@ -391,7 +393,8 @@ def train_step(cfg, env, run, it):
     if env.ddp:
         dist.all_reduce(stats)
     if it + 1 < cfg.max_iters:  # the next step's first micro-batch, copied while the device is still busy
-        run.prefetched = {it + 1: micro_batch(it + 1, 0)}
+        following = run.data.draw(cfg.seed, it + 1, run.samples)
+        run.prefetched = {it + 1: (following, micro_batch(following, 0))}
     loss, grad_norm, stop = stats.tolist()  # the step's one host sync; the same on every process
     return loss, grad_norm, stop > 0
 

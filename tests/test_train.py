@@ -16,7 +16,7 @@ import train
 from batches import TokenData, micro_batches
 from configurator import configure
 from data.common import DataError
-from checkpoint import load_checkpoint
+from checkpoint import load_checkpoint, save_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=4', '--eval_iters=2',
@@ -441,6 +441,22 @@ def test_divergence_stops_cleanly(data_dir, tmp_path):
     out2 = str(tmp_path / 'spike')
     assert run(data_dir, out2, '--max_iters=5', '--eval_interval=5', '--spike_factor=0.5') == 3
     assert 'spike' in json.load(open(os.path.join(out2, 'summary.json')))['diverged_reason']
+
+
+def test_best_checkpoint_is_the_same_bytes_linked_or_copied(tmp_path, monkeypatch):
+    state = {'model': {'w': torch.arange(10.0)}, 'iter_num': 3}
+    save_checkpoint(state, str(tmp_path), best=True)
+    ckpt, best = tmp_path / 'ckpt.pt', tmp_path / 'best.pt'
+    assert os.stat(ckpt).st_ino == os.stat(best).st_ino  # one file, serialised once
+    save_checkpoint(dict(state, iter_num=4), str(tmp_path))  # a later ckpt.pt replaces the name, not best.pt's bytes
+    assert torch.load(best, weights_only=True)['iter_num'] == 3 and torch.load(ckpt, weights_only=True)['iter_num'] == 4
+
+    def no_links(src, dst):
+        raise OSError('links not supported here')
+    monkeypatch.setattr(os, 'link', no_links)
+    save_checkpoint(dict(state, iter_num=5), str(tmp_path), best=True)
+    assert os.stat(ckpt).st_ino != os.stat(best).st_ino and best.read_bytes() == ckpt.read_bytes()
+    assert sorted(os.listdir(tmp_path)) == ['best.pt', 'ckpt.pt']  # no temporary file left
 
 
 def test_crash_while_checkpointing_keeps_previous(data_dir, tmp_path, monkeypatch):
