@@ -73,12 +73,13 @@ def test_micro_batches_split_a_step_over_any_process_count(n, world, batch_size)
 
 
 @pytest.mark.parametrize('config', ['config/gpt2_64m_dyt.py', 'config/gpt2_3.78b_dyt.py'])
-def test_the_readmes_commands_run_on_1_2_8_and_16_processes(config, monkeypatch):
+def test_the_readmes_commands_run_on_1_2_8_and_16_processes(config, monkeypatch, tmp_path):
     """The study's batch (8 x 8 = 64 sequences) and eval windows (50 x 8 = 400) on the process counts of the README's
     commands: python train.py, a 2-GPU box, torchrun --nproc_per_node=8, two nodes of 8."""
     monkeypatch.chdir(REPO)
-    for world in (1, 2, 8, 16):
-        cfg = train.SimpleNamespace(**configure(train.DEFAULTS, [config, '--device=cpu'], train.OPTIONAL_TYPES))
+    for world in (1, 2, 8, 16):  # out_dir in tmp_path: a run the user left in the config's out_dir must not matter
+        cfg = train.SimpleNamespace(**configure(train.DEFAULTS, [config, '--device=cpu', f'--out_dir={tmp_path}'],
+                                                train.OPTIONAL_TYPES))
         train.resolve(cfg, world)  # raises SystemExit if the batch or the windows cannot be split
         n = cfg.batch_size * cfg.gradient_accumulation_steps
         assert n == 64 and cfg.eval_iters * cfg.batch_size == 400
@@ -403,8 +404,8 @@ def test_hsdp_on_four_processes_matches_one(data_dir, tmp_path):
     w1, w4 = (torch.load(os.path.join(d, 'ckpt.pt'), weights_only=True)['model'] for d in (one, four))
     assert w1.keys() == w4.keys() and all(torch.allclose(w1[k], w4[k], atol=1e-5) for k in w1)
     with pytest.raises(SystemExit, match="fsdp_shard=3 needs fsdp=True and must divide the 4 processes \\(a node's GPUs\\)"):
-        train.resolve(train.SimpleNamespace(**configure(train.DEFAULTS, ['--fsdp=True', '--fsdp_shard=3'],
-                                                        train.OPTIONAL_TYPES)), 4)
+        train.resolve(train.SimpleNamespace(**configure(  # out_dir in tmp_path: not the out/ of `python train.py`
+            train.DEFAULTS, ['--fsdp=True', '--fsdp_shard=3', f'--out_dir={tmp_path / "check"}'], train.OPTIONAL_TYPES)), 4)
 
 
 def test_srun_starts_one_process_per_task(data_dir, tmp_path):
