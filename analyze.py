@@ -1,5 +1,5 @@
 """
-Measure what the study's explanation rests on (Verma 2026; README "Analysis"), for one or more checkpoints side by side:
+Measure what the study's explanation rests on (Verma 2026; README "Analysis"), for checkpoints side by side:
 
     saturation  fraction of |alpha*x| > t in every point-wise norm layer (DyT/Derf, incl. the final one), t in
                 0.5..3.0, on random train windows; global and per layer. Other models: input std per norm layer.
@@ -14,34 +14,14 @@ Measure what the study's explanation rests on (Verma 2026; README "Analysis"), f
     python analyze.py all out-ln out-dyt --ckpt=best --json=cmp.json --plot=figs
     python analyze.py spectra out-ln/ckpt.pt --min_evals=50 --max_evals=5000
 
-Options, --key=value as in train.py (DEFAULTS below): ckpt (latest|best: a directory's ckpt.pt or best.pt, as in
-sample.py and eval.py; a file is read as it is), windows, seed, block_size (0 = the model's), batch_size, device
-(auto|cpu|cuda|mps...), min_evals, max_evals, max_n (skip weights whose long side exceeds it), dataset and
-data_dir (override where the train split is read: data_dir is the folder holding train.bin), train_tokens (windows
-come from the first N train tokens; -1 = the checkpoint's own data budget, 0 = the whole split), json=FILE,
-plot=DIR. The windows are the first `windows` of the ones train.py measures saturation on
-(data.common.random_windows, block_size + 1 tokens, less their last token).
+Options, --key=value as in train.py: ckpt (latest|best: a directory's ckpt.pt or best.pt; a file is read as it
+is), windows, seed, block_size (0 = the model's), batch_size, device (auto|cpu|cuda|mps...), min_evals, max_evals,
+max_n (skip weights whose long side exceeds it), dataset and data_dir (where the train split is read), train_tokens
+(windows from the first N train tokens; -1 = the checkpoint's own data budget, 0 = the whole split), json=FILE,
+plot=DIR (PNGs: annex/plots.py and matplotlib). The windows are the first `windows` of those train.py measures
+saturation on (data.common.random_windows, block_size + 1 tokens, less their last token).
 
-JSON (--json=FILE, written atomically), schema "nanonorm-analysis/1". Sections appear only for the
-commands that compute them; every name is stable:
-{"schema": "nanonorm-analysis/1", "command": str, "settings": {option: value},
- "checkpoints": [{
-   "label": str, "path": str, "iter_num": int|null, "dataset": str|null, "norm": str, "model_args": {...},
-   "windows": {"count": int, "block_size": int, "seed": int, "split": "train",    # when data was read;
-               "tokens": int},                     # windows lie in the first `tokens` train tokens
-   "saturation": {"thresholds": [0.5, 1.0, 1.5, 2.0, 2.5, 3.0],
-                  "global": [fraction per threshold] | null (no DyT/Derf layer), "global_at_2": float | null,
-                  "layers": {name: {"kind": str, "alpha": float|null, "input_std": float, "count": int,
-                                    "saturation": [fraction per threshold] | null}}},   # count: elements seen
-   "spectra": {"layers": {name: {"shape": [rows, cols], "num_evals": int, "alpha": float, "xmin": float,
-                                 "D": float, "num_tail": int, "lambda_max": float, "alpha_weighted": float,
-                                 "stable_rank": float}},
-               "skipped": {name: reason}, "mean_alpha": float|null, "median_alpha": float|null,
-               "mean_alpha_weighted": float|null, "mean_stable_rank": float|null},
-   "rank": {"blocks": [effective rank of block i's output], "mean_blocks": float,
-            "weights": {name: effective rank}, "mean_weights": float|null},
-   "alpha": {"layers": {name: {"alpha": float, "input_std": float, "inv_std": float}},
-             "pearson": float|null}}]}
+JSON (--json=FILE, written atomically): schema "nanonorm-analysis/1", every field in docs/analysis.md.
 """
 import difflib
 import math
@@ -52,11 +32,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from batches import open_training_data
+import norm_stats
 from checkpoint import CHECKPOINTS, checkpoint_file, load_checkpoint
-from configurator import configure
-from data.common import DataError, atomic_write, load_split, random_windows, write_json
-from model import ViT, pick_device
+from configurator import annex, configure, pick_device, split_args
+from data.common import DataError, load_meta, load_split, random_windows, write_json
 
 COMMANDS = ("saturation", "spectra", "rank", "alpha", "all")
 DEFAULTS = dict(ckpt="latest", windows=50, seed=1337, block_size=0, batch_size=10, device="auto",
@@ -179,9 +158,9 @@ def sample_windows(data, count, block_size, seed):
 
 @torch.no_grad()
 def forward_stats(model, windows, batch_size=10, block_ranks=False):
-    """Run token windows through the model with norm statistics on. Returns model.norm_stats() (saturation,
-    alpha, input std per norm layer) and, with block_ranks, the effective rank of each block's output
-    reshaped to (B*T, D). Reusable by anything that holds a model and windows (e.g. an early-training screen)."""
+    """Run windows (token ids, or a ViT's images) through the model, recording its norm statistics. Returns
+    norm_stats.read's (saturation, alpha, input std per norm layer) and, with block_ranks, the effective rank of
+    each block's output reshaped to (B*T, D)."""
     device = next(model.parameters()).device
     gram_device = float64_device(device)
     grams = {}   # block i -> sum of A^T A in float64: the singular values of A without keeping A in memory
@@ -194,13 +173,13 @@ def forward_stats(model, windows, batch_size=10, block_ranks=False):
     handles = [blk.register_forward_hook(hook(i)) for i, blk in enumerate(model.transformer.h)] if block_ranks else []
     was_training = model.training
     model.eval()
-    model.track_norm_stats(True)
+    norm_stats.record(model)
     try:
         for k in range(0, len(windows), batch_size):
             model(windows[k:k + batch_size].to(device))
-        stats = model.norm_stats()
+        stats = norm_stats.read(model)
     finally:
-        model.track_norm_stats(False)
+        norm_stats.record(model, False)
         model.train(was_training)
         for h in handles:
             h.remove()
@@ -229,13 +208,13 @@ def measurement_windows(model, ckpt, opts):
     if not dataset:
         raise SystemExit("analyze.py: the checkpoint does not name its dataset; pass --dataset=NAME")
     data_dir = opts["data_dir"] or (None if opts["dataset"] else cfg.get("data_dir"))
-    if isinstance(model, ViT):  # train.py's fixed eval images (with this seed), un-augmented, normalised
+    if "patch_size" in ckpt["model_args"]:  # a ViT: train.py's fixed eval images (this seed), as they are
         try:
-            _, data = open_training_data(dataset, data_dir, 0, None, None, opts["windows"], opts["seed"])
+            if load_meta(dataset, data_dir)["kind"] != "images":
+                raise SystemExit(f"analyze.py: dataset '{dataset}' is not image data: pass the ViT's --dataset=NAME")
+            _, data = annex("vit", "a ViT checkpoint").open_images(dataset, data_dir, opts["windows"], opts["seed"])
         except DataError as e:
             raise SystemExit(f"analyze.py: {e}\n(or point to the data with --dataset=NAME / --data_dir=DIR)") from None
-        if data.unit != "images":
-            raise SystemExit(f"analyze.py: dataset '{dataset}' is not image data: pass the ViT's --dataset=NAME")
         return dataset, data.batch("train", data.eval_ids["train"], "cpu")[0], data.n_train
     block_size = opts["block_size"] or model.config.block_size
     if block_size > model.config.block_size:
@@ -270,7 +249,7 @@ def analyze(path, command, opts):
                norm=model.config.norm, model_args=ckpt["model_args"])
     if want("saturation") or want("alpha") or want("rank"):
         res["dataset"], windows, tokens = measurement_windows(model, ckpt, opts)
-        res["windows"] = dict(count=len(windows), block_size=model.config.block_size if isinstance(model, ViT)
+        res["windows"] = dict(count=len(windows), block_size=model.config.block_size if windows.dim() == 4
                               else windows.shape[1], seed=opts["seed"], split="train", tokens=tokens)
         fs = forward_stats(model, windows, opts["batch_size"], block_ranks=want("rank"))
         ns = fs["norm"]
@@ -382,91 +361,13 @@ def report(results, labels):
             print_table("DyT/Derf learned alpha against 1 / input std", labels, rows, fields=("alpha", "1/std"))
 
 
-def pyplot():
-    """matplotlib.pyplot on a file-only backend, or None (with a note) when matplotlib is not installed."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: plots skipped (pip install matplotlib); tables and JSON are complete")
-        return None
-    return plt
-
-
-def save_png(fig, path):
-    """Write a figure atomically and free it."""
-    import matplotlib.pyplot as plt
-    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110, bbox_inches="tight"))
-    plt.close(fig)
-
-
-def make_plots(results, labels, esds, outdir):
-    plt = pyplot()
-    if plt is None:
-        return
-    os.makedirs(outdir, exist_ok=True)
-
-    def save(fig, name):
-        save_png(fig, os.path.join(outdir, name))
-    sat_runs = [(lab, r["saturation"]) for lab, r in zip(labels, results) if r.get("saturation", {}).get("global")]
-    if sat_runs:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for lab, s in sat_runs:
-            ax.plot(s["thresholds"], s["global"], "o-", label=lab)
-        ax.axhline(0.43, ls=":", c="gray", label="screening rule 0.43")
-        ax.set(xlabel="threshold t", ylabel="fraction |alpha*x| > t", title="global saturation")
-        ax.legend()
-        save(fig, "saturation_thresholds.png")
-        fig, ax = plt.subplots(figsize=(10, 4))
-        names = list(dict.fromkeys(n for _, s in sat_runs for n, l in s["layers"].items() if l["saturation"]))
-        i, w = sat_runs[0][1]["thresholds"].index(HEADLINE_T), 0.8 / len(sat_runs)
-        for k, (lab, s) in enumerate(sat_runs):
-            ls = s["layers"]
-            ax.bar(np.arange(len(names)) + (k - (len(sat_runs) - 1) / 2) * w,
-                   [ls[n]["saturation"][i] if n in ls else 0 for n in names], width=w, label=lab)
-        ax.set_xticks(np.arange(len(names)), names, rotation=90, fontsize=7)
-        ax.set(ylabel=f"fraction |alpha*x| > {HEADLINE_T:g}", title="saturation per DyT/Derf layer")
-        ax.legend()
-        save(fig, "saturation_layers.png")
-    for name in dict.fromkeys(n for e in esds for n in e):
-        have = [(lab, r, e) for lab, r, e in zip(labels, results, esds) if name in e and name in r["spectra"]["layers"]]
-        fig, axes = plt.subplots(1, len(have), figsize=(4.5 * len(have), 3.8), squeeze=False)
-        for ax, (lab, r, e) in zip(axes[0], have):
-            ev, f = e[name][e[name] > EVALS_THRESH], r["spectra"]["layers"][name]
-            bins = np.logspace(np.log10(ev.min()), np.log10(ev.max()), 60)
-            ax.hist(ev, bins=bins, density=True, alpha=0.6)
-            tail = np.logspace(np.log10(f["xmin"]), np.log10(ev.max()), 50)   # fitted density, scaled to the tail share
-            ax.plot(tail, f["num_tail"] / len(ev) * (f["alpha"] - 1) / f["xmin"] * (tail / f["xmin"]) ** -f["alpha"],
-                    "r--", label=f"alpha={f['alpha']:.2f}, D={f['D']:.3f}")
-            ax.axvline(f["xmin"], c="r", lw=0.8)
-            ax.set(xscale="log", yscale="log", xlabel="eigenvalue", title=f"{lab}\n{name}")
-            ax.legend(fontsize=8)
-        save(fig, f"esd_{name}.png")
-    if "rank" in results[0]:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for lab, r in zip(labels, results):
-            ax.plot(r["rank"]["blocks"], "o-", label=lab)
-        ax.set(xlabel="block", ylabel="effective rank of output", title="activation effective rank")
-        ax.legend()
-        save(fig, "erank_blocks.png")
-    if "alpha" in results[0] and any(r["alpha"]["layers"] for r in results):
-        fig, ax = plt.subplots(figsize=(5, 5))
-        for lab, r in zip(labels, results):
-            ls = r["alpha"]["layers"].values()
-            ax.scatter([l["inv_std"] for l in ls], [l["alpha"] for l in ls], label=f"{lab} r={fmt(r['alpha']['pearson'], '.2f')}")
-        ax.set(xlabel="1 / input std", ylabel="learned alpha", title="DyT/Derf alpha vs 1/std")
-        ax.legend()
-        save(fig, "alpha_vs_inv_std.png")
-    print(f"plots written to {outdir}/")
-
 # ----------------------------------------------------------------------------- command line
 
 
 def parse_args(argv):
     """<command> <checkpoint or run dir> ... and --key=value options (configurator.configure checks them)."""
-    pos = [a for a in argv if not a.startswith("--")]
-    opts = configure(DEFAULTS, [a for a in argv if a.startswith("--")], doc=__doc__)
+    pos, options = split_args(argv)
+    opts = configure(DEFAULTS, options, doc=__doc__)
     if pos and pos[0] not in COMMANDS:
         close = difflib.get_close_matches(pos[0], COMMANDS, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
@@ -507,7 +408,7 @@ def main(argv):
         write_json(opts["json"], doc)
         print(f"\nwrote {opts['json']}")
     if opts["plot"]:
-        make_plots(results, labels, [e for _, e in out], opts["plot"])
+        annex("plots", "--plot").analysis_plots(results, labels, [e for _, e in out], opts["plot"])
     return results
 
 

@@ -1,7 +1,7 @@
 """
-Run checkpoints: where they are, how train.py writes them (once, atomically, from FSDP shards too) and resumes
-from them (rank 0 reads, the others receive), and how every script loads one with errors that say what is wrong;
-and a run directory's other files (config.json, log.jsonl, summary.json).
+A run's files. Checkpoints: how every script loads one, with errors that say what is wrong; how train.py writes
+them (once per eval, atomically, gathered from FSDP shards too) and resumes from them (rank 0 reads, the others
+receive). And out_dir's other files: config.json, log.jsonl, summary.json.
 A checkpoint is one torch.save file: 'model' and 'model_args' (enough for load_checkpoint), and from train.py
 'optimizer', 'config', 'iter_num', the best val loss, the divergence guard, the last eval and the sampler's state.
 """
@@ -15,8 +15,9 @@ import torch
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
 
+from configurator import annex, pick_device
 from data.common import atomic_write, read_log, write_json
-from model import build_model, pick_device
+from model import GPT, GPTConfig
 
 CHECKPOINTS = {'latest': 'ckpt.pt', 'best': 'best.pt'}  # a run directory's checkpoints, by the name users pick
 
@@ -94,6 +95,14 @@ def load_checkpoint(path, device='cpu', which='latest', language_model=False):
     return model.eval(), ckpt
 
 
+def build_model(model_args):
+    """The model that a checkpoint's model_args describe: a ViT's (annex/vit.py) have a patch_size."""
+    if 'patch_size' in model_args:
+        vit = annex('vit', 'a ViT')
+        return vit.ViT(vit.ViTConfig(**model_args))
+    return GPT(GPTConfig(**model_args))
+
+
 def few(items, n=3):
     return ', '.join(items[:n]) + (f' and {len(items) - n} more' if len(items) > n else '') if items else 'none'
 
@@ -155,12 +164,15 @@ def read_resume_checkpoint(cfg, model_args, n_train, master):
 
 
 def load_training_state(raw, optimizer, ckpt, env):
-    """Weights and optimizer state of a resumed run. Under torchrun only rank 0 reads them from the file and
-    broadcasts them (others would each read the whole checkpoint)."""
+    """Weights and optimizer state of a resumed run (under torchrun rank 0 reads them and broadcasts them: the
+    others would each read the whole checkpoint), and its loop state: iter_num, best_val_loss, best_iter, guard,
+    last_eval, wall_time_s."""
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=env.ddp)
     keep = not env.ddp or env.master
     set_model_state_dict(raw, ckpt['model'] if keep else {}, options=options)
     set_optimizer_state_dict(raw, optimizer, ckpt['optimizer'] if keep else {}, options=options)
+    return [ckpt[k] for k in ('iter_num', 'best_val_loss', 'best_iter', 'guard', 'last_eval')] + [
+        ckpt.get('wall_time_s', 0.0)]
 
 
 def prepare_run_dir(out_dir, config, resume_iter=None):
@@ -177,6 +189,11 @@ def prepare_run_dir(out_dir, config, resume_iter=None):
     kept = [] if resume_iter is None else read_log(log_path, lambda r: r['iter'] < resume_iter or (
         r['iter'] == resume_iter and r['event'] in ('eval', 'stopped')))
     atomic_write(log_path, lambda f: f.write(''.join(json.dumps(r) + '\n' for r in kept).encode()))
+
+
+def append_log(out_dir, record):
+    with open(os.path.join(out_dir, 'log.jsonl'), 'a') as f:
+        f.write(json.dumps(record) + '\n')
 
 
 def write_summary(out_dir, status, state, facts):

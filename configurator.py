@@ -1,47 +1,69 @@
 """
-nanoGPT's configuration convention, shared by train.py and sample.py:
+nanoGPT's configuration convention, for every script of nanonorm:
 
   python train.py config/gpt2_64m_dyt.py --batch_size=32 --train_tokens=1_000_000
-  python train.py --help                    # the keys and their defaults
+  python train.py --help                    # what the script does, its keys and their defaults
 
-The script's defaults come first; each positional argument is a Python config file executed on top of them
-(so `from config.study import *` works from the repo root); then each --key=value override, whose value is
-read as a Python literal (a bare word stays a string, and so does any value of a string key, e.g.
---out_dir=2024). Unknown keys and values of the wrong type are errors. In a config file, names starting with
-'_' (helper variables), imported modules and functions are not keys: they are ignored.
+The script's defaults come first; each config file (a positional argument) is Python executed on top of them
+(`from config.study import *` works from the repository root); then each --key=value override, read as a
+Python literal (a bare word stays a string, and so does any value of a string key: --out_dir=2024). Unknown
+keys and values of the wrong type are errors that name the closest keys. In a config file, names starting
+with '_', imported modules and functions are not keys. Also here: what the device and dtype keys mean.
 """
 import ast
 import difflib
+import importlib
+import importlib.util
+import inspect
 import os
+import sys
+import types
+from contextlib import nullcontext
+from dataclasses import fields
+
+import torch
 
 PLAIN = (int, float, bool, str, type(None))
 
 
-def plain_globals(namespace):
-    """The config keys of a script: its public module globals of plain types, less UPPER_CASE constants."""
-    return {k: v for k, v in namespace.items() if not k.startswith('_') and not k.isupper() and isinstance(v, PLAIN)}
+def config_keys(namespace):
+    """(defaults, types) of a script's keys: its public module globals of plain types, less UPPER_CASE
+    constants. A key annotated `T | None` takes a T or None (a key defaulting to None takes any type)."""
+    defaults = {k: v for k, v in namespace.items() if not k.startswith('_') and not k.isupper()
+                and isinstance(v, PLAIN)}
+    hints = inspect.get_annotations(sys.modules[namespace['__name__']])
+    return defaults, {k: next(t for t in hint.__args__ if t is not type(None)) for k, hint in hints.items()
+                      if isinstance(hint, types.UnionType) and k in defaults}
 
 
 def run_config_file(path, namespace=None, what='config file'):
     """Execute a Python config file on top of `namespace` (a copy) and return the resulting names."""
     if not os.path.isfile(path):
-        raise SystemExit(f"error: {what} '{path}' not found")
+        folder = os.path.dirname(path) or '.'
+        names = [os.path.join(os.path.dirname(path), f) for f in os.listdir(folder)] if os.path.isdir(folder) else []
+        close = difflib.get_close_matches(path, names, n=3, cutoff=0.6)
+        raise SystemExit(f"error: {what} '{path}' not found" + (f"; did you mean {' or '.join(close)}?" if close
+                                                                else ''))
     namespace = dict(namespace or {})
     with open(path) as f:
         exec(compile(f.read(), path, 'exec'), namespace)
     return namespace
 
 
-def configure(defaults, argv, optional_types=None, doc=None):
-    """Return a new dict: defaults <- config files <- --key=value overrides, each value type-checked.
+def split_args(argv):
+    """(positional arguments, --key=value options) of a script that takes paths or a command first."""
+    return [a for a in argv if not a.startswith('-')], [a for a in argv if a.startswith('-')]
 
-    A value must have its default's type (an int is accepted for a float). A key listed in optional_types
-    takes that type or None (whatever its default, e.g. top_k = 200 that also accepts None); other keys
-    that default to None take any type. --help / -h prints doc's first line and the defaults, and exits 0."""
+
+def configure(defaults, argv, optional_types=None, doc=None):
+    """A new dict: defaults <- config files <- --key=value overrides, each value type-checked.
+
+    A value must have its default's type (an int is accepted for a float). A key in optional_types takes
+    that type or None, whatever its default; other keys that default to None take any type. --help / -h
+    prints `doc` and the defaults, and exits 0."""
     optional_types = optional_types or {}
     if '--help' in argv or '-h' in argv:
-        print((doc or '').strip().split('\n')[0])
-        print('keys and defaults (override with config files and --key=value):')
+        print((doc or '').strip() + '\n\nkeys and defaults (override with config files and --key=value):')
         print('\n'.join(f'  {k} = {v!r}' for k, v in defaults.items()))
         raise SystemExit(0)
     cfg = dict(defaults)
@@ -69,7 +91,7 @@ def configure(defaults, argv, optional_types=None, doc=None):
     for arg in argv:
         if not arg.startswith('--'):
             namespace = run_config_file(arg, cfg)
-            for key, value in namespace.items():  # modules, functions and _private names are the file's own business
+            for key, value in namespace.items():  # modules, functions and _private names are the file's own
                 if not key.startswith('_') and isinstance(value, PLAIN):
                     set_key(key, value, arg)
         else:
@@ -83,3 +105,90 @@ def configure(defaults, argv, optional_types=None, doc=None):
                 value = text  # a bare word such as --init_from=resume
             set_key(key, value, arg, text)
     return cfg
+
+# ------------------------------------------------------------------------------------------------------------
+# The keys every script shares: device, dtype, and the annexes an option needs
+
+
+def pick_device(device=None):
+    """The device asked for (an error if this machine lacks it), or by default cuda, else mps, else cpu."""
+    if device in (None, 'auto'):
+        return 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise ValueError(f"device={device!r} is not a device name; use 'cpu', 'cuda', 'cuda:1' or 'mps'") from None
+    if (kind == 'cuda' and not torch.cuda.is_available()) or (kind == 'mps' and not torch.backends.mps.is_available()):
+        raise ValueError(f"device={device!r}, but this machine has no {kind} device; use device='cpu'")
+    return device
+
+
+def precision(device, dtype=None):
+    """(dtype name, the context to run the model in), as train.py trains: dtype None = 'bfloat16' on a CUDA
+    device that has it, else 'float32'; float32 runs without autocast, and on CUDA its matmuls use TF32."""
+    kind = torch.device(device).type
+    dtype = dtype or ('bfloat16' if kind == 'cuda' and torch.cuda.is_bf16_supported() else 'float32')
+    if kind == 'cuda':
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return dtype, nullcontext() if dtype == 'float32' else torch.autocast(kind, dtype=getattr(torch, dtype))
+
+
+def resolve(cfg, world):
+    """train.py's keys completed (device, dtype, backend, init_from=auto) and checked, for `world` processes,
+    before anything is read or written."""
+    from data.common import micro_batches  # here, not above: the prepare scripts read this file too
+    from model import GPTConfig
+    try:
+        cfg.device = pick_device(cfg.device)
+        GPTConfig(**{f.name: getattr(cfg, f.name) for f in fields(GPTConfig)})  # the architecture's own checks
+    except ValueError as e:
+        raise SystemExit(f'error: {e}') from None
+    cfg.dtype = precision(cfg.device, cfg.dtype)[0]
+    cfg.backend = cfg.backend or ('nccl' if cfg.device.startswith('cuda') else 'gloo')
+    has_run = os.path.exists(os.path.join(cfg.out_dir, 'ckpt.pt'))
+    if cfg.init_from == 'auto':
+        cfg.init_from = 'resume' if has_run else 'scratch'
+    checks = [(cfg.init_from in ('scratch', 'resume'), "init_from must be 'scratch', 'resume' or 'auto'"),
+              (cfg.init_from == 'resume' or cfg.overwrite or cfg.eval_only or not has_run,
+               f'{cfg.out_dir} already holds a run (ckpt.pt); pass --out_dir=NEW, --init_from=resume (or auto), '
+               'or --overwrite=True'),
+              (cfg.dtype in ('float32', 'bfloat16'), "dtype must be 'float32' or 'bfloat16'"),
+              (min(cfg.eval_interval, cfg.log_interval, cfg.eval_iters, cfg.batch_size, cfg.block_size,
+                   cfg.gradient_accumulation_steps) > 0, 'eval_interval, log_interval, eval_iters, batch_size, '
+               'block_size and gradient_accumulation_steps must be positive'),
+              (cfg.max_iters >= 0, f'max_iters ({cfg.max_iters}) must be >= 0 (0 = evaluate the initial model)'),
+              (world == 1 or not cfg.fsdp_shard or cfg.fsdp and world % cfg.fsdp_shard == 0,
+               f"fsdp_shard={cfg.fsdp_shard} needs fsdp=True and must divide the {world} processes (a node's GPUs)"),
+              (not cfg.wandb_log or importlib.util.find_spec('wandb'),
+               'wandb_log=True, but wandb is not installed (pip install wandb)')]
+    for n, what in ((cfg.batch_size * cfg.gradient_accumulation_steps, 'samples per step (batch_size x '
+                     'gradient_accumulation_steps)'), (cfg.eval_iters * cfg.batch_size, 'eval_iters x '
+                                                      'batch_size eval samples')):
+        checks.append((all(c > 0 for r in range(world) for _, c in micro_batches(n, world, r, cfg.batch_size)),
+                       f'the {n} {what} are too few to give each of {world} processes the same number of '
+                       'micro-batches; raise them or use fewer processes'))
+    for ok, message in checks:
+        if not ok:
+            raise SystemExit(f'error: {message}')
+
+
+def annex(name, what):
+    """The module annex/<name>.py, which `what` needs; a clear error where a fork has deleted it."""
+    try:
+        return importlib.import_module(f'annex.{name}')
+    except ModuleNotFoundError as e:
+        if e.name not in ('annex', f'annex.{name}'):
+            raise
+        raise SystemExit(f'error: {what} needs annex/{name}.py, which this copy of nanonorm does not have '
+                         '(restore it from the nanonorm repository)') from None
+
+
+def optional_annex(name):
+    """annex/<name>.py, or None where a fork has deleted it (what it adds is then left out: a memory plan, MFU)."""
+    try:
+        return importlib.import_module(f'annex.{name}')
+    except ModuleNotFoundError as e:
+        if e.name not in ('annex', f'annex.{name}'):
+            raise
+        return None

@@ -11,9 +11,8 @@ import sys
 import torch
 
 from checkpoint import CHECKPOINTS, checkpoint_file, load_checkpoint
-from configurator import configure, plain_globals
+from configurator import config_keys, configure, pick_device, precision
 from data.common import DataError, get_tokenizer
-from model import pick_device, precision
 
 # -----------------------------------------------------------------------------------------------------------
 out_dir = 'out'
@@ -22,19 +21,18 @@ start = '\n'  # the prompt, or "FILE:path" to read it from a file
 num_samples = 3
 max_new_tokens = 200
 temperature = 0.8  # 1.0 = the model's distribution, lower = more conservative, 0 = greedy
-top_k = 200  # keep only the top_k most likely tokens; None = all
+top_k: int | None = 200  # keep only the top_k most likely tokens; None = all
 seed = 1337
-device = None  # None = 'cuda' if available, else 'mps', else 'cpu' (model.pick_device)
-dtype = None  # 'float32', 'bfloat16' or 'float16'; None = bfloat16 on CUDA when supported, else float32
+device: str | None = None  # None = 'cuda' if available, else 'mps', else 'cpu'
+dtype: str | None = None  # 'float32', 'bfloat16' or 'float16'; None = bfloat16 on CUDA if supported, else float32
 compile = False  # torch.compile the forward that generate calls (dynamic shapes: the sequence grows)
-tiktoken_file = None  # GPT-2 .tiktoken ranks file for offline machines
+tiktoken_file: str | None = None  # GPT-2 .tiktoken ranks file for offline machines
 # -----------------------------------------------------------------------------------------------------------
-DEFAULTS = plain_globals(globals())
+DEFAULTS, OPTIONAL_TYPES = config_keys(globals())
 
 
 def main(argv):
-    # top_k is listed so that it also takes None (all tokens), although its default is 200
-    cfg = configure(DEFAULTS, argv, dict(top_k=int, device=str, dtype=str, tiktoken_file=str), __doc__)
+    cfg = configure(DEFAULTS, argv, OPTIONAL_TYPES, __doc__)
     path = checkpoint_file(cfg['out_dir'], cfg['ckpt']) if cfg['ckpt'] in CHECKPOINTS else cfg['ckpt']
     torch.manual_seed(cfg['seed'])
     start = cfg['start']

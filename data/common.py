@@ -1,23 +1,19 @@
 """
-Shared data helpers: one robust downloader for every data set, the two tokenizers, and reading and
-writing the flat uint16 token files (data/<dataset>/{train,val,test}.bin + meta.json).
+What every script reads and writes of the data: the two tokenizers, the flat uint16 token files
+(data/<dataset>/{train,val,test}.bin + meta.json), and files written atomically. The prepare scripts' own
+tools (the downloader, tokenizing to files, their command line) are in data/prepare_tools.py.
 """
-import argparse
 import functools
 import hashlib
-import inspect
 import json
 import os
-import sys
-import time
 
 import numpy as np
-import requests
-from urllib3.exceptions import NameResolutionError
+import torch
+
+from configurator import annex
 
 DATA_DIR = os.path.dirname(os.path.abspath(__file__))
-# some hosts (wikitext.smerity.com) answer 403 to the default python-requests agent
-USER_AGENT = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0 Safari/537.36"
 TIKTOKEN_ENV = "NANONORM_TIKTOKEN_FILE"  # path to a GPT-2 .tiktoken ranks file, for machines without internet
 GPT2_RANKS_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
@@ -25,138 +21,6 @@ GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838
 
 class DataError(RuntimeError):
     """A data problem the user can fix; the message says what is wrong and what to do."""
-
-
-# ----------------------------------------------------------------------------- download
-
-def download(urls, dest, sha256=None, md5=None, size=None, headers=None, retries=4, backoff=2.0, timeout=60):
-    """Fetch `dest` from the first URL of `urls` that works; returns dest.
-
-    Each mirror gets `retries` tries, `backoff * 2**k` seconds apart; a partial `dest + '.part'` is
-    resumed with an HTTP Range request. `size` (bytes), `sha256` and `md5` are checked before the file
-    is renamed to `dest`, so nothing unverified ever sits under the final name. An existing `dest`
-    that passes the checks is kept.
-    """
-    urls = [urls] if isinstance(urls, str) else list(urls)
-    expected = ", ".join(f"{k} {v}" for k, v in (("size", size), ("sha256", sha256), ("md5", md5)) if v)
-    if os.path.exists(dest):
-        problem = _check(dest, sha256, md5, size)
-        if problem:
-            raise DataError(f"{dest} exists but {problem}. Delete it and run again.")
-        return dest
-    part = dest + ".part"
-    # identity: a gzip Content-Encoding would make byte counts and Range offsets refer to other bytes
-    headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", **(headers or {})}
-    tried = []
-    try:
-        os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
-        for url in urls:
-            what = _try(url, part, headers, size, timeout, retries, backoff)
-            if what is None:
-                what = _check(part, sha256, md5, size)
-                if what is None:
-                    os.replace(part, dest)
-                    return dest
-                os.remove(part)  # a wrong file cannot be resumed: the next try starts clean
-                what = "downloaded, but " + what
-                print(f"  {url}: {what}", file=sys.stderr)
-            tried.append(f"{url}: {what}")
-    except OSError as e:  # local trouble: disk full, no permission, a file where a folder should be
-        raise DataError(f"cannot write {part}: {e}. Free some disk space or choose a writable folder.") from e
-    raise DataError(f"could not download {os.path.basename(dest)}:\n  " + "\n  ".join(tried) +
-                    f"\nDownload it by hand from one of these URLs and save it as {os.path.abspath(dest)}"
-                    + (f" ({expected})" if expected else "") + ", then run again.")
-
-
-class WrongFile(Exception):
-    """The server offers a file of the wrong size: retrying or resuming it is pointless."""
-
-
-def _try(url, part, headers, size, timeout, retries, backoff):
-    """Fetch `url` into `part`, retrying with backoff; None on success, else what went wrong."""
-    what = "not tried (retries=0)"
-    for attempt in range(retries):
-        if attempt:
-            time.sleep(backoff * 2 ** (attempt - 1))
-        try:
-            _fetch(url, part, headers, size, timeout)
-            return None
-        except WrongFile as e:
-            if os.path.exists(part):
-                os.remove(part)
-            return str(e)
-        except requests.RequestException as e:  # local OSErrors are not RequestExceptions: they go up
-            status = e.response.status_code if e.response is not None else None
-            what = f"HTTP {status} {e.response.reason}" if status else f"{type(e).__name__}: {e}"
-            print(f"  {url}: {what} (try {attempt + 1} of {retries})", file=sys.stderr)
-            if status and 400 <= status < 500 and status not in (408, 429):
-                return what  # the server said no; asking again will not help
-            if isinstance(getattr(e.args[0], "reason", None) if e.args else None, NameResolutionError):
-                return what  # no such host from here (offline?): asking again will not help
-    return f"{what} ({retries} tries)"
-
-
-def _fetch(url, part, headers, size, timeout):
-    """Append the rest of `url` to `part` (Range request when part has bytes); raises on any failure."""
-    have = os.path.getsize(part) if os.path.exists(part) else 0
-    if size is not None and have > size:
-        os.remove(part)  # longer than the real file: not a prefix of it
-        have = 0
-    if size is not None and have == size:
-        return
-    h = dict(headers, **({"Range": f"bytes={have}-"} if have else {}))
-    with requests.get(url, headers=h, stream=True, timeout=timeout) as r:
-        if r.status_code == 416 and have:
-            return  # nothing after `have`: the part is complete (the checks will tell)
-        r.raise_for_status()
-        resumed = r.status_code == 206
-        if resumed and not r.headers.get("Content-Range", "").startswith(f"bytes {have}-"):
-            os.remove(part)
-            raise requests.RequestException(f"asked for bytes {have}- but got {r.headers.get('Content-Range')}")
-        if not resumed:
-            have = 0  # plain 200: the server ignored Range and sends everything again
-        length = r.headers.get("Content-Length")
-        total = have + int(length) if length else size
-        if size is not None and total != size:
-            raise WrongFile(f"the server's file has {total:,} bytes, expected {size:,}")
-        done, t0, shown = have, time.time(), 0.0
-        with open(part, "ab" if resumed else "wb") as f:
-            for block in r.iter_content(chunk_size=1 << 16):  # a drop loses at most one block
-                f.write(block)
-                done += len(block)
-                if time.time() - shown > 0.5:
-                    shown = time.time()
-                    _progress(os.path.basename(part[:-5]), done, total, (done - have) / (shown - t0 + 1e-9))
-        _progress(os.path.basename(part[:-5]), done, total, (done - have) / (time.time() - t0 + 1e-9))
-        print(file=sys.stderr)
-    if size is not None and done < size:
-        raise requests.ConnectionError(f"transfer ended at {done:,} of {size:,} bytes")
-
-
-def _progress(name, done, total, rate):
-    of = f" / {total / 1e6:.1f} MB ({100 * done / total:.0f}%)" if total else " MB"
-    sys.stderr.write(f"\r  {name}: {done / 1e6:.1f}{of}  {rate / 1e6:.1f} MB/s ")
-    sys.stderr.flush()
-
-
-def file_hash(path, algo="sha256"):
-    h = hashlib.new(algo)
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _check(path, sha256, md5, size):
-    """None when `path` has the expected size and hashes, else what is wrong with it."""
-    n = os.path.getsize(path)
-    if size is not None and n != size:
-        return f"its size is {n:,} bytes, expected {size:,}"
-    for algo, want in (("sha256", sha256), ("md5", md5)):
-        got = want and file_hash(path, algo)
-        if got and got != want.lower():
-            return f"its {algo} is {got}, expected {want}"
-    return None
 
 
 # ----------------------------------------------------------------------------- tokenizers
@@ -231,75 +95,7 @@ def _gpt2(path):
     return Tokenizer("gpt2", enc)
 
 
-def line_chunks(lines, chunk_chars=1 << 20):
-    """Join lines (or any consecutive pieces of a text) into chunks of about `chunk_chars` characters.
-
-    A cut is made only where GPT-2's pre-tokenizer splits the whole text anyway, so encoding the chunks
-    one by one (in parallel) gives exactly the ids of encoding the whole text at once: after a newline
-    that is followed by ' ' + a non-space character, or by a non-space character when the newline itself
-    follows a non-space character. (Elsewhere a run of whitespace could be grouped differently.)
-    """
-    buf, n, prev = [], 0, ""
-    for line in lines:
-        if n >= chunk_chars and _cut_ok(prev, line):
-            yield "".join(buf)
-            buf, n = [], 0
-        buf.append(line)
-        n += len(line)
-        prev = line
-    if buf:
-        yield "".join(buf)
-
-
-def _cut_ok(prev, line):
-    """May a chunk end with `prev` and the next begin with `line`? (see line_chunks)"""
-    if not prev.endswith("\n") or not line:
-        return False
-    if line[0] == " ":
-        return len(line) > 1 and not line[1].isspace()
-    return not line[0].isspace() and len(prev) > 1 and not prev[-2].isspace()
-
-
-def tokenize_to_file(tok, chunks, path, num_threads=None, batch=16):
-    """Encode text `chunks` (an iterable of str) with `tok`, `batch` chunks at a time on `num_threads`
-    threads, and write the ids to `path` as uint16; returns the number of tokens. Prints MB/s."""
-    t0, nbytes = time.time(), 0
-
-    def arrays():
-        nonlocal nbytes
-        it = iter(chunks)
-        while group := [c for _, c in zip(range(batch), it)]:
-            nbytes += sum(len(c.encode("utf-8")) for c in group)
-            yield from tok.encode_batch(group, num_threads)
-            rate = nbytes / 1e6 / (time.time() - t0 + 1e-9)
-            sys.stderr.write(f"\r  {os.path.basename(path)}: {nbytes / 1e6:.1f} MB of text, {rate:.1f} MB/s ")
-        sys.stderr.write("\n")
-
-    n = write_tokens(path, arrays())
-    dt = time.time() - t0
-    print(f"{path}: {n:,} tokens from {nbytes:,} bytes of text in {dt:.1f} s ({nbytes / 1e6 / (dt + 1e-9):.1f} MB/s)")
-    return n
-
-
-def write_tokens(path, arrays):
-    """Write token ids (an iterable of int sequences, concatenated) to `path` as flat uint16, atomically;
-    returns the number of tokens."""
-    n = 0
-
-    def write(f):
-        nonlocal n
-        for a in arrays:
-            a = np.asarray(a, dtype=np.int64)
-            if a.size and (a.min() < 0 or a.max() >= 2 ** 16):
-                raise DataError(f"token id {a.max() if a.max() >= 2 ** 16 else a.min()} does not fit in "
-                                f"uint16 ({path}); this format needs a vocabulary below 65536")
-            a.astype(np.uint16).tofile(f)
-            n += a.size
-    atomic_write(path, write)
-    return n
-
-
-# ----------------------------------------------------------------------------- reading, meta, CLI
+# ----------------------------------------------------------------------------- token files, meta.json, run files
 
 FOLDER_FORMAT = ("a data folder holds train.bin and val.bin (token ids as raw uint16) and meta.json "
                  '{"tokenizer": "byte" or "gpt2", "vocab_size": int} (README "Data")')
@@ -323,9 +119,9 @@ def load_split(dataset, split, data_dir=None):
     if not os.path.exists(path):
         have = sorted(f[:-4] for f in os.listdir(folder) if f.endswith(".bin"))
         raise DataError(f"dataset {dataset!r} has no {split!r} split ({path} missing); it has {have}. "
-                        f"If a file was deleted, rebuild with: python data/{dataset}/prepare.py --force")
+                        f"If a file was deleted, rebuild with: python data/{dataset}/prepare.py --force=True")
     if os.path.getsize(path) == 0:
-        raise DataError(f"{path} is empty; rebuild with: python data/{dataset}/prepare.py --force")
+        raise DataError(f"{path} is empty; rebuild with: python data/{dataset}/prepare.py --force=True")
     return np.memmap(path, dtype=np.uint16, mode="r")
 
 
@@ -350,6 +146,52 @@ def unigram_entropy(tokens, chunk=1 << 24):
     return float(-(p * np.log(p)).sum())
 
 
+def derived_seed(*parts):
+    """A seed determined by all of its parts (run seed, purpose, step...): independent reproducible streams."""
+    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), 'little') >> 1
+
+
+def micro_batches(n, world, rank, batch_size):
+    """This process's share of n samples as (first, count) micro-batches. Shares differ by one sample at most
+    and every process runs the same number of micro-batches (FSDP's collectives need that), of <= batch_size."""
+    lo, hi = rank * n // world, (rank + 1) * n // world
+    count = -(-(-(-n // world)) // batch_size)  # ceil(ceil(n / world) / batch_size)
+    bounds = [lo + (hi - lo) * k // count for k in range(count + 1)]
+    return [(a, b - a) for a, b in zip(bounds, bounds[1:])]
+
+
+class TokenData:
+    """Windows of block_size tokens of the budget (the train split's first tokens), the next tokens as targets.
+    A step's windows are a function of (seed, step) alone, so a resumed or multi-process run sees the batches of
+    an uninterrupted single-process one. The eval windows are fixed: on train, those analyze.py measures
+    saturation on; on val, spread evenly."""
+    unit, predicted = 'tokens', 'token'
+
+    def __init__(self, train, val, block_size, eval_count, eval_seed):
+        self.train, self.val, self.block_size = train, val, block_size
+        self.n_train, self.per_sample = len(train), block_size
+        self.entropy = unigram_entropy(train)  # the loss of predicting token frequencies only (a collapse)
+        self.eval_ids = {'train': torch.from_numpy(random_windows(len(train), eval_count, block_size + 1, eval_seed)),
+                         'val': torch.linspace(0, len(val) - block_size - 1, eval_count).long()}
+
+    def draw(self, seed, step, count):
+        """Start offsets of the `count` windows of step `step`; a window and its targets end in the budget."""
+        g = torch.Generator().manual_seed(derived_seed(seed, 'train', step))
+        return torch.randint(self.n_train - self.block_size, (count,), generator=g)
+
+    def batch(self, split, starts, device):
+        data, T = self.train if split == 'train' else self.val, self.block_size
+        x = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in starts.tolist()])
+        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64)) for i in starts.tolist()])
+        return to_device(x, device), to_device(y, device)
+
+
+def to_device(t, device):
+    if 'cuda' in str(device):  # pinned, so the copy overlaps the work already queued on the GPU
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def load_meta(dataset, data_dir=None):
     """meta.json of a dataset, with its 'kind': 'tokens' (its 'tokenizer' and 'vocab_size' checked) or 'images'."""
     path = os.path.join(data_dir or os.path.join(DATA_DIR, dataset), "meta.json")
@@ -360,7 +202,7 @@ def load_meta(dataset, data_dir=None):
             meta = json.load(f)
     except ValueError as e:
         raise DataError(f"{path} is not valid JSON ({e}). " + (FOLDER_FORMAT if data_dir else
-                        f"Rebuild with: python data/{dataset}/prepare.py --force")) from e
+                        f"Rebuild with: python data/{dataset}/prepare.py --force=True")) from e
     if not isinstance(meta, dict):
         raise DataError(f"{path} must hold a JSON object; {FOLDER_FORMAT}")
     meta["kind"] = meta.get("kind") or ("images" if "train_images" in meta else "tokens")
@@ -414,29 +256,46 @@ def write_json(path, obj):
     atomic_write(path, lambda f: f.write((json.dumps(obj, indent=2) + "\n").encode()))
 
 
-def finished(out_dir, force):
-    """The meta.json of a completed prepare in `out_dir` (it is written last), or None when there is
-    none or `force` asks for a rebuild."""
-    path = os.path.join(out_dir, "meta.json")
-    if force or not os.path.exists(path):
-        try:
-            os.makedirs(out_dir, exist_ok=True)
-        except OSError as e:
-            raise DataError(f"cannot create {out_dir}: {e}. Choose a writable folder.") from e
-        return None
-    print(f"{out_dir} is already prepared ({path} exists); nothing to do. Use --force to rebuild.")
-    with open(path) as f:
-        return json.load(f)
 
 
-def cli(prepare, description):
-    """Command line for a prepare script: --force, plus --tiktoken_file when `prepare` tokenizes with GPT-2."""
-    p = argparse.ArgumentParser(description=description)
-    p.add_argument("--force", action="store_true", help="rebuild even if meta.json says it is done")
-    if "tiktoken_file" in inspect.signature(prepare).parameters:
-        p.add_argument("--tiktoken_file", default=None, help="GPT-2 .tiktoken ranks file for machines without "
-                       f"internet (or set {TIKTOKEN_ENV})")
+def open_tokens(dataset, data_dir, block_size, train_tokens, val_tokens, eval_count, eval_seed):
+    """(meta.json, TokenData) of a prepared token dataset: train_tokens is the budget (the train split's first
+    tokens; None = all), val_tokens the val prefix (None = all); every size checked (DataError otherwise)."""
+    meta = load_meta(dataset, data_dir)
+    train, val = (load_split(dataset, s, data_dir=data_dir) for s in ("train", "val"))
+    n_train = len(train) if train_tokens is None else train_tokens
+    if not block_size < n_train <= len(train):
+        raise DataError(f"train_tokens={train_tokens} must be between block_size+1 ({block_size + 1}) "
+                        f"and the size of the train split ({len(train):,} tokens)")
+    val = val[:val_tokens]
+    if len(val) <= block_size:
+        raise DataError(f"the val split ({len(val):,} tokens, val_tokens={val_tokens}) is shorter than "
+                        f"block_size+1 ({block_size + 1})")
+    return meta, TokenData(train[:n_train], val, block_size, eval_count, eval_seed)
+
+
+def open_data(cfg, env, eval_seed):
+    """train.py's data: (meta.json, TokenData, or annex/vit.py's ImageData for images), its vocab_size key set;
+    the default corpus built on first use."""
     try:
-        prepare(**vars(p.parse_args()))
+        if cfg.dataset == 'pydocs' and cfg.data_dir is None and not os.path.exists(
+                os.path.join(DATA_DIR, 'pydocs', 'meta.json')):
+            if env.master:
+                from data.pydocs.prepare import prepare
+                prepare()
+            if env.ddp:
+                torch.distributed.barrier()
+        eval_count = cfg.eval_iters * cfg.batch_size
+        if load_meta(cfg.dataset, cfg.data_dir)['kind'] == 'images':
+            vit = annex('vit', f'dataset {cfg.dataset!r} (images, for a ViT)')
+            return vit.open_images(cfg.dataset, cfg.data_dir, eval_count, eval_seed)
+        meta, data = open_tokens(cfg.dataset, cfg.data_dir, cfg.block_size, cfg.train_tokens, cfg.val_tokens,
+                                 eval_count, eval_seed)
     except DataError as e:
-        sys.exit(f"error: {e}")
+        raise SystemExit(f'error: {e}') from None
+    if cfg.vocab_size is None:
+        cfg.vocab_size = -(-meta['vocab_size'] // 64) * 64
+    elif cfg.vocab_size < meta['vocab_size']:
+        raise SystemExit(f"error: vocab_size={cfg.vocab_size} is smaller than the dataset's vocabulary "
+                         f"({meta['vocab_size']} in meta.json); use vocab_size=None (padded automatically)")
+    return meta, data

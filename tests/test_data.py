@@ -16,8 +16,8 @@ import zipfile
 import numpy as np
 import pytest
 
-from conftest import GPT2_RANKS as RANKS  # a ranks file, or None for tiktoken's own cache
-from conftest import needs_gpt2 as needs_ranks
+from tests.common import GPT2_RANKS as RANKS  # a ranks file, or None for tiktoken's own cache
+from tests.common import needs_gpt2 as needs_ranks
 from data.common import (DataError, download, get_tokenizer, line_chunks, load_meta, load_split,
                          write_tokens)
 

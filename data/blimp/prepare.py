@@ -3,14 +3,15 @@ BLiMP: 67 paradigms x 1000 minimal pairs (sentence_good / sentence_bad), for eva
 data/blimp/<UID>.jsonl from the BLiMP repository. No hashes are published, so each file is checked
 by parsing it, and the sha256 of what was received is recorded in meta.json.
 
-    python data/blimp/prepare.py [--force]
+    python data/blimp/prepare.py [--force=True]
 """
 import json
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from data.common import DataError, cli, download, file_hash, finished, write_json  # noqa: E402
+from data.common import DataError, write_json  # noqa: E402
+from data.prepare_tools import cli, download, file_hash, finished  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BASE_URL = "https://raw.githubusercontent.com/alexwarstadt/blimp/master/data/"

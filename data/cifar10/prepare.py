@@ -2,7 +2,7 @@
 CIFAR-10, python version, for the vision experiment: downloads cifar-10-python.tar.gz (two mirrors,
 md5 checked), unpacks it safely into data/cifar10/cifar-10-batches-py/, and loads it as uint8 arrays.
 
-    python data/cifar10/prepare.py [--force]
+    python data/cifar10/prepare.py [--force=True]
 """
 import gzip
 import os
@@ -15,7 +15,8 @@ import zlib
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from data.common import DataError, cli, download, finished, write_json  # noqa: E402
+from data.common import DataError, write_json  # noqa: E402
+from data.prepare_tools import cli, download, finished  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 URLS = ["https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
@@ -69,7 +70,7 @@ def load(split, data_dir=HERE):
             ys.append(np.asarray(d[b"labels"], dtype=np.int64))
         except (pickle.UnpicklingError, EOFError, KeyError, ValueError) as e:
             raise DataError(f"{path} is not a CIFAR-10 batch ({type(e).__name__}: {e}). "
-                            "Rebuild with: python data/cifar10/prepare.py --force") from e
+                            "Rebuild with: python data/cifar10/prepare.py --force=True") from e
     return np.concatenate(xs), np.concatenate(ys)
 
 

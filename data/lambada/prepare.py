@@ -2,14 +2,15 @@
 LAMBADA, OpenAI's version (5153 passages, one JSON object {"text": ...} per line), for eval.py.
 Downloads lambada_test.jsonl into this folder and checks it.
 
-    python data/lambada/prepare.py [--force]
+    python data/lambada/prepare.py [--force=True]
 """
 import json
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from data.common import DataError, cli, download, finished, write_json  # noqa: E402
+from data.common import DataError, write_json  # noqa: E402
+from data.prepare_tools import cli, download, finished  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 URLS = ["https://openaipublic.blob.core.windows.net/gpt-2/data/lambada_test.jsonl",

@@ -5,7 +5,7 @@ standard-library module (read with `ast` from the .py sources, nothing is import
 of the language reference that pydoc ships (pydoc_data/topics.py). Byte tokenizer: ids 0..255 are the
 UTF-8 bytes, 256 ends each document. Every 10th document goes to val.bin, the rest to train.bin.
 
-    python data/pydocs/prepare.py [--force]
+    python data/pydocs/prepare.py [--force=True]
 """
 import ast
 import os
@@ -14,7 +14,8 @@ import sys
 import sysconfig
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from data.common import DataError, cli, finished, get_tokenizer, write_json, write_tokens  # noqa: E402
+from data.common import DataError, get_tokenizer, write_json  # noqa: E402
+from data.prepare_tools import cli, finished, write_tokens  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # third-party packages differ between machines; tests and demos are code-heavy and slow to parse

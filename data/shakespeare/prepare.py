@@ -2,13 +2,14 @@
 Tiny Shakespeare with GPT-2 BPE, as in nanoGPT: the first 90% of the characters -> train.bin, the
 last 10% -> val.bin (uint16), + meta.json.
 
-    python data/shakespeare/prepare.py [--force] [--tiktoken_file gpt2.tiktoken]
+    python data/shakespeare/prepare.py [--force=True] [--tiktoken_file=gpt2.tiktoken]
 """
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from data.common import cli, download, finished, get_tokenizer, tokenize_to_file, write_json  # noqa: E402
+from data.common import get_tokenizer, write_json  # noqa: E402
+from data.prepare_tools import cli, download, finished, tokenize_to_file  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 URLS = ["https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"]

@@ -4,7 +4,7 @@ train.bin / val.bin / test.bin (uint16) + meta.json. The raw files are tokenized
 joined as in the file, no end-of-text tokens), in parallel chunks that give exactly the ids of
 tokenizing each whole file at once.
 
-    python data/wikitext103/prepare.py [--force] [--tiktoken_file gpt2.tiktoken]
+    python data/wikitext103/prepare.py [--force=True] [--tiktoken_file=gpt2.tiktoken]
 """
 import io
 import os
@@ -12,8 +12,8 @@ import sys
 import zipfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from data.common import (DataError, cli, download, finished, get_tokenizer, line_chunks,  # noqa: E402
-                         tokenize_to_file, write_json)
+from data.common import DataError, get_tokenizer, write_json  # noqa: E402
+from data.prepare_tools import cli, download, finished, line_chunks, tokenize_to_file  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 URLS = ["https://wikitext.smerity.com/wikitext-103-raw-v1.zip"]

@@ -14,8 +14,8 @@ import torch
 
 import data.common
 import eval as ev
-from conftest import GPT2_RANKS as RANKS  # a ranks file, or None for tiktoken's own cache
-from conftest import needs_gpt2
+from tests.common import GPT2_RANKS as RANKS  # a ranks file, or None for tiktoken's own cache
+from tests.common import needs_gpt2
 from model import GPT, GPTConfig
 
 L3, L1 = math.log(0.3), math.log(0.1)  # log-probs of the stand-in's favorite / any other token

@@ -1,10 +1,13 @@
 """
-The GPU memory a training run needs, by what holds it (train.py prints it before a run starts; README
-"Training" has the study's scales), and the size of its checkpoints. Kept apart so that train.py and model.py
-stay short; the formulas are checked in tests/test_memory.py against the model and the storages autograd keeps.
+The GPU memory a training run needs, by what holds it (train.py prints it before a run starts, on a GPU or for a
+run over 1 GiB; docs/memory.md has the study's scales), the size of its checkpoints, and the peak FLOP/s of
+known GPUs that MFU divides by. An annex: train.py runs without it (no plan, no MFU on a GPU). The formulas are
+checked in annex/tests/test_memory.py against the model and the storages autograd keeps.
 
 Sizes are in bytes; "per token" means per position of one sequence (a micro-batch has batch_size x block_size).
 """
+import re
+
 import torch
 import torch.nn as nn
 
@@ -178,12 +181,14 @@ def format_memory_plan(plan, device_memory=None):
     return lines
 
 
-def memory_plan_lines(config, batch_size, world_size, fsdp, dtype, compile, device):
-    """What train.py prints of this run's plan before it builds the model (told before it runs out of memory): the
-    plan and its share of the GPU on CUDA; on other devices only a run big enough to matter (over 1 GiB)."""
-    plan = memory_plan(config, batch_size, world_size, fsdp, dtype, compile)
-    capacity = torch.cuda.get_device_properties(device).total_memory if device.startswith('cuda') else None
-    return format_memory_plan(plan, capacity) if capacity or plan['total'] > 2 ** 30 else []
+def print_plan(config, cfg, env, micro_batch):
+    """What train.py prints of its run's plan before it builds the model (told before it runs out of memory):
+    the plan and its share of the GPU on CUDA; on other devices only a run big enough to matter (over 1 GiB)."""
+    shards = min(cfg.fsdp_shard or env.world, env.world)  # the processes a parameter is sharded over
+    plan = memory_plan(config, micro_batch, shards, env.fsdp, env.ptdtype, cfg.compile)
+    capacity = torch.cuda.get_device_properties(env.device).total_memory if env.device_type == 'cuda' else None
+    if capacity or plan['total'] > 2 ** 30:
+        print('\n'.join(format_memory_plan(plan, capacity)))
 
 
 def checkpoint_bytes(config):
@@ -193,3 +198,55 @@ def checkpoint_bytes(config):
     RAM while torch.save streams it to the file: the host RAM a save needs is about 'total'."""
     n = param_count(config)
     return {'model': 4 * n, 'optimizer': 8 * n, 'total': 12 * n}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The peak FLOP/s that MFU divides by (train.py: --peak_flops overrides it)
+
+# Dense (no 2:4 sparsity) tensor-core peaks in TFLOP/s: (name pattern, bfloat16, float32). NVIDIA's datasheets
+# print the sparse figure with a '*'; the dense one is half of it. float32 is the TF32 tensor-core peak, since
+# train.py turns TF32 on; V100 and T4 have no TF32 (their float32 figure is the plain FP32 peak) and no bf16.
+# A pattern matches whole words of torch.cuda.get_device_name(), ignoring case; the first match wins, so a
+# form factor ('H100 PCIe') comes before its family ('H100', which is then the SXM part, 'NVIDIA H100 80GB HBM3').
+PEAK_TFLOPS = (
+    ('H100 PCIe', 756, 378),  # H100 datasheet, PCIe column: BF16 1,513*, TF32 756*
+    ('H100 NVL', 835, 418),  # H100 NVL datasheet, per GPU: BF16 1,671*, TF32 835*
+    ('H100', 989.4, 494.7),  # H100 datasheet, SXM column: BF16 1,979*, TF32 989*
+    ('GH200', 989.4, 494.7),  # GH200 Grace Hopper Superchip datasheet: the H100 SXM figures
+    ('H200 NVL', 835, 418),  # H200 datasheet, NVL column: BF16 1,671*, TF32 835*
+    ('H200', 989.4, 494.7),  # H200 datasheet, SXM column: BF16 1,979*, TF32 989*
+    ('GB200', 2500, 1250),  # GB200 NVL72 datasheet, per GPU: FP16/BF16 5 PF*, TF32 2.5 PF*
+    ('B200', 2250, 1100),  # HGX B200 datasheet, per GPU: FP16/BF16 4.5 PF*, TF32 2.2 PF*
+    ('A100', 312, 156),  # A100 datasheet, SXM4 and PCIe alike: BF16 624*, TF32 312*
+    ('A10G', 70, 35),  # AWS's A10 variant: on no NVIDIA datasheet; approximate figures as AWS users report them
+    ('A10', 125, 62.5),  # A10 datasheet: BF16 250*, TF32 125*
+    ('L40S', 362.05, 183),  # L40S datasheet: BF16 733*, TF32 366*
+    ('L40', 181.05, 90.5),  # L40 datasheet: BF16 362.1*, TF32 181*
+    ('L4', 121, 60),  # L4 datasheet: BF16 242*, TF32 120*
+    ('RTX A6000', 154.8, 77.4),  # GA102 whitepaper v2, appendix C: BF16 with FP32 accumulate 309.7*, TF32 154.8*
+    ('RTX 4090', 165.2, 82.6),  # Ada whitepaper: BF16 with FP32 accumulate (GeForce: half the FP16-accumulate rate)
+    ('RTX 3090', 71, 35.6),  # GA102 whitepaper, appendix A: BF16 with FP32 accumulate 142*, TF32 71*
+    ('V100S', None, 16.4),  # V100S datasheet (PCIe): FP32
+    ('V100-PCIE', None, 14),  # V100 datasheet, PCIe column: FP32
+    ('V100', None, 15.7),  # V100 datasheet, SXM2 column: FP32
+    ('T4', None, 8.1),  # T4 datasheet: FP32
+)
+
+
+def peak_flops(device_name, dtype):
+    """Dense peak FLOP/s of the GPU called `device_name` (torch.cuda.get_device_name()) for matmuls in `dtype`
+    (torch.bfloat16, or torch.float32 with TF32 on; their names work too); None for a GPU not in PEAK_TFLOPS or
+    one without that dtype (V100 and T4 have no bf16): no MFU is better than one against the wrong peak."""
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    if dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"dtype={dtype} has no peak here; use torch.bfloat16 or torch.float32")
+    for pattern, bf16, fp32 in PEAK_TFLOPS:
+        if re.search(rf'\b{pattern}\b', device_name, re.IGNORECASE):
+            tflops = bf16 if dtype == torch.bfloat16 else fp32
+            return None if tflops is None else tflops * 1e12
+    return None
+
+
+def gpu_peak_flops(device, dtype):
+    """train.py's peak for MFU: the CUDA device's, by its name; None on other devices."""
+    return peak_flops(torch.cuda.get_device_name(device), dtype) if str(device).startswith('cuda') else None

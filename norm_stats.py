@@ -1,0 +1,94 @@
+"""
+What the norm layers see, measured while the model runs (train.py at every eval, analyze.py): each norm layer's
+input mean and std, and for DyT and Derf the saturation, the fraction of |alpha x| (Derf: |alpha x + s|, erf's
+argument) above each threshold (Verma 2026; headline 2.0, where tanh is at 96% of its bound).
+
+instrument(model) attaches it from outside model.py: every norm layer (ln_1, ln_2, ln_f) gets sums in buffers and
+a forward pre-hook that adds to them while recording. Instrument before torch.compile, which then traces the hook
+too; the buffers follow .to(device) and stay out of checkpoints. Not recording, a hook costs one bool test.
+"""
+import math
+
+import torch
+
+from model import Derf, DyT
+
+THRESHOLDS = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
+SUMS = ('stat_count', 'stat_sum', 'stat_sumsq', 'stat_sat')
+
+
+def norm_layers(model):
+    """[(name, layer)] of the norm layers before attention, before the MLP, and the final one, in module order."""
+    return [(n, m) for n, m in model.named_modules() if n.rpartition('.')[2] in ('ln_1', 'ln_2', 'ln_f')]
+
+
+def squashed(layer, x):
+    """What DyT's tanh or Derf's erf is applied to; None for the other norms."""
+    if isinstance(layer, DyT):
+        return layer.alpha * x
+    if isinstance(layer, Derf):
+        return layer.alpha * x + layer.shift
+    return None
+
+
+@torch.no_grad()
+def observe(layer, args):
+    if layer.recording:
+        x = args[0].float()  # sums of one call in float32; counts are exact integers
+        layer.stat_count += x.numel()
+        layer.stat_sum += x.sum()
+        layer.stat_sumsq += x.square().sum()
+        u = squashed(layer, args[0])
+        if u is not None:
+            a = u.abs()
+            layer.stat_sat += torch.stack([(a > t).sum() for t in THRESHOLDS])
+
+
+def instrument(model):
+    """Give every norm layer of `model` its statistics (once); returns the model."""
+    for _, layer in norm_layers(model):
+        if not hasattr(layer, 'recording'):
+            device = layer.weight.device
+            layer.register_buffer('stat_count', torch.zeros((), dtype=torch.long, device=device), persistent=False)
+            layer.register_buffer('stat_sum', torch.zeros((), device=device), persistent=False)
+            layer.register_buffer('stat_sumsq', torch.zeros((), device=device), persistent=False)
+            layer.register_buffer('stat_sat', torch.zeros(len(THRESHOLDS), dtype=torch.long, device=device),
+                                  persistent=False)
+            layer.recording = False
+            layer.register_forward_pre_hook(observe)
+    return model
+
+
+def record(model, on=True):
+    """Start recording from zero (on) or stop (the sums are kept for read)."""
+    instrument(model)
+    for _, layer in norm_layers(model):
+        layer.recording = on
+        if on:
+            for name in SUMS:
+                getattr(layer, name).zero_()
+
+
+def sums(model):
+    """The buffers holding the sums, for an all-reduce over processes."""
+    return [getattr(layer, name) for _, layer in norm_layers(model) for name in SUMS]
+
+
+def read(model):
+    """{'thresholds', 'saturation': pooled over every DyT/Derf layer (None without one), 'layers': {name: {'kind',
+    'alpha', 'input_std', 'count' (elements seen), 'saturation' (per threshold, or None)}}}."""
+    layers = {}
+    for name, layer in norm_layers(model):
+        n = layer.stat_count.item()
+        mean = layer.stat_sum.item() / max(n, 1)
+        std = math.sqrt(max(layer.stat_sumsq.item() / max(n, 1) - mean * mean, 0.0)) if n else None
+        alpha = getattr(layer, 'alpha', None)
+        if hasattr(alpha, 'full_tensor'):  # sharded by FSDP2: gather just this scalar (every process calls read)
+            alpha = alpha.full_tensor()
+        sat = [c / n for c in layer.stat_sat.tolist()] if n and isinstance(layer, (DyT, Derf)) else None
+        layers[name] = {'kind': model.config.norm, 'alpha': None if alpha is None else alpha.item(),
+                        'input_std': std, 'count': int(n), 'saturation': sat}
+    sats = [s['saturation'] for s in layers.values() if s['saturation'] is not None]
+    # every DyT/Derf layer sees as many elements, so the pooled fraction is the mean over layers
+    pooled = [sum(col) / len(sats) for col in zip(*sats)] if sats else None
+    return {'thresholds': list(THRESHOLDS), 'layers': layers, 'saturation': pooled}
