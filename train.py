@@ -315,6 +315,8 @@ def setup(cfg):
     """Processes (torchrun's, or srun's via annex/cluster.py), device, precision and the stop signals."""
     if 'RANK' not in os.environ and int(os.environ.get('SLURM_NTASKS', 1)) > 1:  # srun: one task per GPU
         annex('cluster', 'a run under srun').srun_environment()
+    if cfg.fsdp:
+        annex('cluster', 'fsdp=True')  # said now, before anything starts, where a fork has deleted it
     ddp = 'RANK' in os.environ
     rank, local_rank, world = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE')) if ddp else (0, 0, 1)
     resolve(cfg, world)
