@@ -1,12 +1,13 @@
 """
-Measure what the study's explanation rests on (Verma 2026; README "Analysis"), for checkpoints side by side:
+Measure what the study's explanation rests on (Verma 2026; docs/analysis.md), for checkpoints side by side:
 
-    saturation  fraction of |alpha*x| > t in every point-wise norm layer (DyT/Derf, incl. the final one), t in
-                0.5..3.0, on random train windows; global and per layer. Other models: input std per norm layer.
+    saturation  fraction of |alpha*x| > t, t in 0.5..3.0, in every point-wise norm layer (DyT/Derf, the final
+                one too), on random train windows; global and per layer. Others: input std per norm layer.
     spectra     HTSR of every 2-D weight: power-law alpha of the eigenvalues of W^T W (Clauset fit, as
-                WeightWatcher does it), xmin, KS distance D, tail size, lambda_max, alpha_weighted, stable rank.
-    rank        effective rank (Roy & Vetterli) of each block's output activations (B*T, D), not centred, and of
-                each weight matrix.
+                WeightWatcher does it), xmin, KS distance D, tail size, lambda_max, alpha_weighted, stable
+                rank.
+    rank        effective rank (Roy & Vetterli) of each block's output activations (B*T, D), not centred, and
+                of each weight matrix.
     alpha       learned DyT/Derf alpha against 1/std of the layer's input, and their Pearson correlation.
     all         everything, with one forward pass and one eigendecomposition per matrix.
 
@@ -14,12 +15,12 @@ Measure what the study's explanation rests on (Verma 2026; README "Analysis"), f
     python analyze.py all out-ln out-dyt --ckpt=best --json=cmp.json --plot=figs
     python analyze.py spectra out-ln/ckpt.pt --min_evals=50 --max_evals=5000
 
-Options, --key=value as in train.py: ckpt (latest|best: a directory's ckpt.pt or best.pt; a file is read as it
-is), windows, seed, block_size (0 = the model's), batch_size, device (auto|cpu|cuda|mps...), min_evals, max_evals,
-max_n (skip weights whose long side exceeds it), dataset and data_dir (where the train split is read), train_tokens
-(windows from the first N train tokens; -1 = the checkpoint's own data budget, 0 = the whole split), json=FILE,
-plot=DIR (PNGs: annex/plots.py and matplotlib). The windows are the first `windows` of those train.py measures
-saturation on (data.common.random_windows, block_size + 1 tokens, less their last token).
+Options, --key=value as in train.py: ckpt (latest|best: a directory's ckpt.pt or best.pt; a file is read as
+it is), windows, seed, block_size (0 = the model's), batch_size, device (auto|cpu|cuda|mps...), min_evals,
+max_evals, max_n (skip weights whose long side exceeds it), dataset and data_dir (where the train split is
+read), train_tokens (windows in the first N train tokens; -1 = the checkpoint's own budget, 0 = the whole
+split), json=FILE, plot=DIR (PNGs: annex/plots.py and matplotlib). The windows are the first `windows` of
+those train.py measures saturation on (data.common.random_windows, block_size + 1 tokens, less the last).
 
 JSON (--json=FILE, written atomically): schema "nanonorm-analysis/1", every field in docs/analysis.md.
 """
@@ -39,7 +40,8 @@ from data.common import DataError, load_meta, load_split, random_windows, write_
 
 COMMANDS = ("saturation", "spectra", "rank", "alpha", "all")
 DEFAULTS = dict(ckpt="latest", windows=50, seed=1337, block_size=0, batch_size=10, device="auto",
-                min_evals=50, max_evals=5000, max_n=50000, dataset="", data_dir="", train_tokens=-1, json="", plot="")
+                min_evals=50, max_evals=5000, max_n=50000, dataset="", data_dir="", train_tokens=-1, json="",
+                plot="")
 HEADLINE_T = 2.0      # the study's headline threshold: tanh(2) is 96% of its limit
 EVALS_THRESH = 1e-5   # as WeightWatcher: eigenvalues at or below this count as zero and are not fitted
 
@@ -85,16 +87,17 @@ def effective_rank(s):
 
 
 def float64_device(device):
-    """Where float64 work on tensors of `device` is done: there, except on Apple GPUs (MPS has no float64), whose
-    tensors go to the CPU first. CUDA keeps the work: on the CPU, a large model's block-output Grams take seconds."""
+    """Where float64 work on tensors of `device` is done: there, except on Apple GPUs (MPS has no float64),
+    whose tensors go to the CPU. CUDA keeps the work: on the CPU a big model's block-output Grams take
+    seconds."""
     device = torch.device(device)
     return torch.device("cpu") if device.type == "mps" else device
 
 
 def eigenvalues(mats):
-    """Eigenvalues of W^T W (float64, ascending) for each matrix, i.e. its squared singular values. Computed as
-    eigvalsh of the Gram matrix on the short side: ~10x faster than an SVD on CPU and accurate to ~1e-16 of
-    lambda_max, far below the fit's cut. Same-shaped matrices share one batched call."""
+    """Eigenvalues of W^T W (float64, ascending) for each matrix, i.e. its squared singular values: eigvalsh
+    of the Gram matrix on the short side, ~10x faster than an SVD on CPU and accurate to ~1e-16 of lambda_max,
+    far below the fit's cut. Same-shaped matrices share one batched call."""
     groups, out = {}, {}
     for name, W in mats.items():
         groups.setdefault(tuple(W.shape), []).append(name)
@@ -119,7 +122,8 @@ def spectra(mats, evals, skipped):
             continue
         lmax = float(ev.max())
         layers[name] = dict(shape=list(mats[name].shape), num_evals=len(ev), **fit, lambda_max=lmax,
-                            alpha_weighted=fit["alpha"] * math.log10(lmax), stable_rank=float(ev.sum() / lmax))
+                            alpha_weighted=fit["alpha"] * math.log10(lmax),
+                            stable_rank=float(ev.sum() / lmax))
 
     def stat(f, key):
         return float(f([v[key] for v in layers.values()])) if layers else None
@@ -131,8 +135,8 @@ def spectra(mats, evals, skipped):
 
 
 def weight_matrices(model, min_evals, max_evals, max_n):
-    """Every 2-D weight (a tied lm_head/wte counts once), filtered like WeightWatcher's min/max_evals and max_N:
-    an N x M matrix has min(N, M) eigenvalues."""
+    """Every 2-D weight (a tied lm_head/wte counts once), filtered like WeightWatcher's min/max_evals and
+    max_N: an N x M matrix has min(N, M) eigenvalues."""
     keep, skipped = {}, {}
     for name, p in model.named_parameters():
         if p.dim() != 2:
@@ -159,8 +163,8 @@ def sample_windows(data, count, block_size, seed):
 @torch.no_grad()
 def forward_stats(model, windows, batch_size=10, block_ranks=False):
     """Run windows (token ids, or a ViT's images) through the model, recording its norm statistics. Returns
-    norm_stats.read's (saturation, alpha, input std per norm layer) and, with block_ranks, the effective rank of
-    each block's output reshaped to (B*T, D)."""
+    norm_stats.read's figures (saturation, alpha, input std per norm layer) and, with block_ranks, the
+    effective rank of each block's output reshaped to (B*T, D)."""
     device = next(model.parameters()).device
     gram_device = float64_device(device)
     grams = {}   # block i -> sum of A^T A in float64: the singular values of A without keeping A in memory
@@ -170,7 +174,8 @@ def forward_stats(model, windows, batch_size=10, block_ranks=False):
             a = out.reshape(-1, out.shape[-1]).to(gram_device).double()
             grams[i] = grams.get(i, 0) + a.T @ a
         return accumulate
-    handles = [blk.register_forward_hook(hook(i)) for i, blk in enumerate(model.transformer.h)] if block_ranks else []
+    blocks = model.transformer.h if block_ranks else []
+    handles = [block.register_forward_hook(hook(i)) for i, block in enumerate(blocks)]
     was_training = model.training
     model.eval()
     norm_stats.record(model)
@@ -201,28 +206,32 @@ def alpha_vs_std(norm_stats):
 
 def measurement_windows(model, ckpt, opts):
     """The fixed random windows the forward measurements use: from the train split, inside the checkpoint's
-    data budget (its train_tokens prefix: the data the model was trained on) unless --train_tokens says otherwise.
-    For a ViT: `windows` train images, the ones train.py evaluates on when the seed is its EVAL_SEED (1337)."""
+    data budget (its train_tokens prefix: what the model was trained on) unless --train_tokens says otherwise.
+    For a ViT: `windows` train images, those train.py evaluates on when the seed is its EVAL_SEED (1337)."""
     cfg = ckpt.get("config", {})
     dataset = opts["dataset"] or cfg.get("dataset")
     if not dataset:
         raise SystemExit("analyze.py: the checkpoint does not name its dataset; pass --dataset=NAME")
     data_dir = opts["data_dir"] or (None if opts["dataset"] else cfg.get("data_dir"))
+    elsewhere = "\n(or point to the data with --dataset=NAME / --data_dir=DIR)"
     if "patch_size" in ckpt["model_args"]:  # a ViT: train.py's fixed eval images (this seed), as they are
         try:
             if load_meta(dataset, data_dir)["kind"] != "images":
-                raise SystemExit(f"analyze.py: dataset '{dataset}' is not image data: pass the ViT's --dataset=NAME")
-            _, data = annex("vit", "a ViT checkpoint").open_images(dataset, data_dir, opts["windows"], opts["seed"])
+                raise SystemExit(f"analyze.py: dataset '{dataset}' is not image data: pass the ViT's "
+                                 "--dataset=NAME")
+            vit = annex("vit", "a ViT checkpoint")
+            _, data = vit.open_images(dataset, data_dir, opts["windows"], opts["seed"])
         except DataError as e:
-            raise SystemExit(f"analyze.py: {e}\n(or point to the data with --dataset=NAME / --data_dir=DIR)") from None
+            raise SystemExit(f"analyze.py: {e}{elsewhere}") from None
         return dataset, data.batch("train", data.eval_ids["train"], "cpu")[0], data.n_train
     block_size = opts["block_size"] or model.config.block_size
     if block_size > model.config.block_size:
-        raise SystemExit(f"analyze.py: --block_size={block_size} exceeds the model's {model.config.block_size}")
+        raise SystemExit(f"analyze.py: --block_size={block_size} exceeds the model's "
+                         f"{model.config.block_size}")
     try:
         data = load_split(dataset, "train", data_dir)
     except DataError as e:
-        raise SystemExit(f"analyze.py: {e}\n(or point to the data with --dataset=NAME / --data_dir=DIR)") from None
+        raise SystemExit(f"analyze.py: {e}{elsewhere}") from None
     budget = cfg.get("train_tokens") if opts["train_tokens"] < 0 else opts["train_tokens"]
     data = data[:budget] if budget else data
     try:
@@ -232,7 +241,8 @@ def measurement_windows(model, ckpt, opts):
                          "(--train_tokens=0)") from None
     if int(windows.max()) >= model.config.vocab_size:
         raise SystemExit(f"analyze.py: dataset '{dataset}' has token ids >= the model's vocab_size "
-                         f"{model.config.vocab_size}: not the data this model was trained on; pass --dataset=NAME")
+                         f"{model.config.vocab_size}: not the data this model was trained on; pass "
+                         "--dataset=NAME")
     return dataset, windows, len(data)
 
 
@@ -279,13 +289,14 @@ def fmt(v, spec=".4g"):
 
 
 def print_table(title, labels, rows, fields=None):
-    """rows: (name, [cell per checkpoint]); checkpoints side by side as columns. With fields, a cell is a tuple
-    of one string per field: each checkpoint's column splits into right-aligned sub-columns under a header row
-    of the field names."""
+    """rows: (name, [cell per checkpoint]); checkpoints side by side as columns. With fields, a cell is a
+    tuple of one string per field: each checkpoint's column splits into right-aligned sub-columns under a
+    header row of the field names."""
     if fields is None:   # one string per checkpoint
         fields, rows = [""], [(name, [(c,) for c in cells]) for name, cells in rows]
     w0 = max([len(r[0]) for r in rows] + [8])
-    ws = [[max([len(f)] + [len(r[1][k][j]) for r in rows]) for j, f in enumerate(fields)] for k in range(len(labels))]
+    ws = [[max([len(f)] + [len(r[1][k][j]) for r in rows]) for j, f in enumerate(fields)]
+          for k in range(len(labels))]
 
     def group(cell, w):
         return "  ".join(c.rjust(wj) for c, wj in zip(cell, w))
@@ -303,10 +314,11 @@ def print_table(title, labels, rows, fields=None):
 
 
 def rows_by_name(results, section, key, cell, missing="-"):
-    """One row per layer name (union over checkpoints, first-seen order); `missing` where a checkpoint lacks it."""
+    """One row per layer name (union over checkpoints, first-seen order); `missing` where a checkpoint lacks
+    it."""
     names = list(dict.fromkeys(n for r in results if section in r for n in r[section][key]))
-    return [(n, [cell(r[section][key][n]) if section in r and n in r[section][key] else missing for r in results])
-            for n in names]
+    return [(n, [cell(r[section][key][n]) if section in r and n in r[section][key] else missing
+                 for r in results]) for n in names]
 
 
 def print_notes(notes):
@@ -319,8 +331,8 @@ def report(results, labels):
     if "saturation" in results[0]:
         th = results[0]["saturation"]["thresholds"]
         sat = [r["saturation"] for r in results]
-        print_notes([f"{lab}: no DyT/Derf layer: saturation is defined for point-wise norm layers only; input std "
-                     "per layer follows" for lab, s in zip(labels, sat) if s["global"] is None])
+        print_notes([f"{lab}: no DyT/Derf layer: saturation is defined for point-wise norm layers only; "
+                     "input std per layer follows" for lab, s in zip(labels, sat) if s["global"] is None])
         if any(s["global"] for s in sat):
             rows = [(f"global t={t:g}", [fmt(s["global"][i], ".3f") if s["global"] else "-" for s in sat])
                     for i, t in enumerate(th)]
@@ -328,25 +340,27 @@ def report(results, labels):
             rows += rows_by_name(results, "saturation", "layers",
                                  lambda l: fmt(l["saturation"][at_t], ".3f") if l["saturation"] else "-")
             print_table(f"saturation: fraction of |alpha*x (+ s for Derf)| > t (layers at t={HEADLINE_T:g}); "
-                        f"{first['count']} train windows of {first['block_size']} tokens, seed {first['seed']}", labels, rows)
+                        f"{first['count']} train windows of {first['block_size']} tokens, seed "
+                        f"{first['seed']}",
+                        labels, rows)
         print_table("input std per norm layer", labels,
                     rows_by_name(results, "saturation", "layers", lambda l: fmt(l["input_std"])))
     if "spectra" in results[0]:
         sp = [r["spectra"] for r in results]
-        rows = rows_by_name(results, "spectra", "layers", lambda l: (f"{l['alpha']:.2f}", f"{l['alpha_weighted']:.2f}",
-                                                                     f"{l['stable_rank']:.1f}"), missing=("-",) * 3)
+        rows = rows_by_name(results, "spectra", "layers", lambda l: (
+            f"{l['alpha']:.2f}", f"{l['alpha_weighted']:.2f}", f"{l['stable_rank']:.1f}"), missing=("-",) * 3)
         rows += [("mean", [(fmt(s["mean_alpha"], ".2f"), fmt(s["mean_alpha_weighted"], ".2f"),
                             fmt(s["mean_stable_rank"], ".1f")) for s in sp])]
         rows += [("median", [(fmt(s["median_alpha"], ".2f"), "", "") for s in sp])]
         rows += [("layers fitted/skipped", [(f"{len(s['layers'])}/{len(s['skipped'])}", "", "") for s in sp])]
-        print_table("HTSR spectra per weight: power-law alpha (2-4 well trained, 4-6 weak, > 6 random-like, < 2 "
-                    "over-trained),\nalpha_w = alpha_weighted = alpha log10(lambda_max), stable_rank = sum(lambda) / "
-                    "lambda_max", labels, rows, fields=("alpha", "alpha_w", "stable_rank"))
+        print_table("HTSR spectra per weight: power-law alpha (2-4 well trained, 4-6 weak, > 6 random-like, "
+                    "< 2 over-trained),\nalpha_w = alpha_weighted = alpha log10(lambda_max), stable_rank = "
+                    "sum(lambda) / lambda_max", labels, rows, fields=("alpha", "alpha_w", "stable_rank"))
     if "rank" in results[0]:
         rk = [r["rank"] for r in results]
         nb = max(len(k["blocks"]) for k in rk)
-        rows = [(f"block {i} output", [fmt(k["blocks"][i], ".1f") if i < len(k["blocks"]) else "-" for k in rk])
-                for i in range(nb)]
+        rows = [(f"block {i} output", [fmt(k["blocks"][i], ".1f") if i < len(k["blocks"]) else "-"
+                                       for k in rk]) for i in range(nb)]
         rows += [("mean over blocks", [fmt(k["mean_blocks"], ".1f") for k in rk])]
         rows += rows_by_name(results, "rank", "weights", lambda v: fmt(v, ".1f"))
         rows += [("mean over weights", [fmt(k["mean_weights"], ".1f") for k in rk])]
@@ -355,10 +369,11 @@ def report(results, labels):
         print_notes([f"{lab}: no DyT/Derf layer: alpha is defined for point-wise norm layers only"
                      for lab, r in zip(labels, results) if not r["alpha"]["layers"]])
         if any(r["alpha"]["layers"] for r in results):
-            rows = rows_by_name(results, "alpha", "layers", lambda l: (f"{l['alpha']:.3f}", f"{l['inv_std']:.3f}"),
-                                missing=("-", "-"))
+            rows = rows_by_name(results, "alpha", "layers",
+                                lambda l: (f"{l['alpha']:.3f}", f"{l['inv_std']:.3f}"), missing=("-", "-"))
             rows += [("pearson r", [(fmt(r["alpha"]["pearson"], ".3f"), "") for r in results])]
-            print_table("DyT/Derf learned alpha against 1 / input std", labels, rows, fields=("alpha", "1/std"))
+            print_table("DyT/Derf learned alpha against 1 / input std", labels, rows,
+                        fields=("alpha", "1/std"))
 
 
 # ----------------------------------------------------------------------------- command line
@@ -388,7 +403,7 @@ def parse_args(argv):
 
 
 def label(path):
-    """A checkpoint's column name: its run directory, plus the file's stem unless it is the default ckpt.pt."""
+    """A checkpoint's column name: its run directory, and the file's stem unless it is ckpt.pt."""
     if not path.parent.name:
         return path.stem
     return path.parent.name if path.name == "ckpt.pt" else f"{path.parent.name}/{path.stem}"
@@ -396,6 +411,7 @@ def label(path):
 
 def main(argv):
     command, paths, opts = parse_args(argv)
+    plots = annex("plots", "--plot") if opts["plot"] else None  # said before the measurements, not after
     paths = [Path(checkpoint_file(p, opts["ckpt"])) for p in paths]
     labels = [label(p) for p in paths]
     labels = [lab if labels.count(lab) == 1 else f"{lab}#{k}" for k, lab in enumerate(labels)]
@@ -407,8 +423,8 @@ def main(argv):
         os.makedirs(os.path.dirname(os.path.abspath(opts["json"])), exist_ok=True)
         write_json(opts["json"], doc)
         print(f"\nwrote {opts['json']}")
-    if opts["plot"]:
-        annex("plots", "--plot").analysis_plots(results, labels, [e for _, e in out], opts["plot"])
+    if plots:
+        plots.analysis_plots(results, labels, [e for _, e in out], opts["plot"])
     return results
 
 

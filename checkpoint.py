@@ -1,9 +1,9 @@
 """
-A run's files. Checkpoints: how every script loads one, with errors that say what is wrong; how train.py writes
-them (once per eval, atomically, gathered from FSDP shards too) and resumes from them (rank 0 reads, the others
-receive). And out_dir's other files: config.json, log.jsonl, summary.json.
-A checkpoint is one torch.save file: 'model' and 'model_args' (enough for load_checkpoint), and from train.py
-'optimizer', 'config', 'iter_num', the best val loss, the divergence guard, the last eval and the sampler's state.
+A run's files. Checkpoints: how every script loads one, with errors that say what is wrong; how train.py
+writes them (once per eval, atomically, gathered from FSDP shards too) and resumes from them (rank 0 reads,
+the others receive). And out_dir's other files: config.json, log.jsonl, summary.json.
+A checkpoint is one torch.save file: 'model' and 'model_args' (enough for load_checkpoint); from train.py also
+'optimizer', 'config', 'iter_num', the best val loss, the divergence guard, the last eval and the sampler.
 """
 import json
 import os
@@ -12,68 +12,49 @@ import shutil
 import zipfile
 
 import torch
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
 
 from configurator import annex, pick_device
 from data.common import atomic_write, read_log, write_json
 from model import GPT, GPTConfig
 
-CHECKPOINTS = {'latest': 'ckpt.pt', 'best': 'best.pt'}  # a run directory's checkpoints, by the name users pick
+CHECKPOINTS = {'latest': 'ckpt.pt', 'best': 'best.pt'}  # a run's checkpoints, by the names users pick
 
 
 def checkpoint_file(path, which='latest'):
-    """The checkpoint file meant by `path`: a file as it is, a run directory's ckpt.pt ('latest', written at
-    every eval) or best.pt ('best', lowest val loss). sample.py, analyze.py and eval.py take `which` alike."""
+    """The checkpoint file meant by `path`: a file as it is, or a run directory's ckpt.pt ('latest', written
+    at every eval) or best.pt ('best', lowest val loss)."""
     if which not in CHECKPOINTS:
         raise ValueError(f"{which!r} is not a checkpoint choice; use 'latest' (ckpt.pt) or 'best' (best.pt)")
     return os.path.join(path, CHECKPOINTS[which]) if os.path.isdir(path) else str(path)
 
 
-def upgrade_checkpoint(ckpt):
-    """A checkpoint of an older version in this version's shapes, in place: embed_scale and its AdamW moments were
-    0-dim before the parameter became 1-element (FSDP2 cannot shard a 0-dim parameter)."""
-    moments = ckpt.get('optimizer', {}).get('state', {}).get('embed_scale', {})
-    for state in (ckpt['model'], moments):
-        state.update({k: v.reshape(1) for k, v in state.items() if k in ('embed_scale', 'exp_avg', 'exp_avg_sq')
-                      and v.dim() == 0})
-    return ckpt
-
-
-def strip_wrappers(key):
-    """A parameter name without the prefixes torch.compile ('_orig_mod.') and DDP ('module.') add, in any order."""
-    while key.startswith(('_orig_mod.', 'module.')):
-        key = key.removeprefix('_orig_mod.').removeprefix('module.')
-    return key
-
-
 def load_checkpoint(path, device='cpu', which='latest', language_model=False):
-    """Load a train.py (or nanoGPT) checkpoint -> (model in eval mode, checkpoint dict).
-
-    `path` is a ckpt.pt/best.pt file or a run directory (its ckpt.pt, or best.pt with which='best'). Raises
-    FileNotFoundError or ValueError with a message that says what is wrong, also for a ViT when language_model
-    is asked for. device='meta' checks a checkpoint (keys, shapes) without materialising its model: the file is
-    memory-mapped and no weight is copied."""
+    """A train.py (or nanoGPT) checkpoint -> (model in eval mode, checkpoint dict). FileNotFoundError or
+    ValueError say what is wrong, also for a ViT where a language model is asked for. device='meta' checks a
+    checkpoint (keys, shapes) without a copy of its weights: the file is memory-mapped."""
     path = checkpoint_file(path, which)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no checkpoint at {path}: give a run's out_dir or its ckpt.pt / best.pt "
                                 "(train one with `python train.py`)")
     device = pick_device(device)
     try:
-        ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)  # mmap: no second copy in RAM
+        ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)  # mmap: no second copy
     except Exception as e:  # PyTorch's own message suggests save options that do not apply here
         if not zipfile.is_zipfile(path):
             why = 'it is not a complete checkpoint archive (truncated by an interrupted copy or a full disk?)'
         elif isinstance(e, pickle.UnpicklingError):
-            why = 'it holds Python objects other than tensors and plain values; it was not written by train.py'
+            why = 'it holds objects other than tensors and plain values; it was not written by train.py'
         else:
             why = f'the archive is damaged ({type(e).__name__})'
-        raise ValueError(f"cannot read checkpoint {path}: {why}. Copy it again, or use the run's other checkpoint "
-                         "(ckpt.pt / best.pt)") from None
+        raise ValueError(f"cannot read checkpoint {path}: {why}. Copy it again, or use the run's other "
+                         "checkpoint (ckpt.pt / best.pt)") from None
     if not isinstance(ckpt, dict) or 'model' not in ckpt or 'model_args' not in ckpt:
         raise ValueError(f"{path} is not a training checkpoint: it needs 'model' and 'model_args' entries")
     ckpt['model'] = {strip_wrappers(k): v for k, v in ckpt['model'].items()}
-    if language_model and 'patch_size' in ckpt['model_args']:  # sample.py and eval.py read and write text
+    if language_model and 'patch_size' in ckpt['model_args']:  # sample.py and eval.py work on text
         raise ValueError(f"{path} holds a ViT, an image classifier: this needs a language model (analyze.py "
                          "reads both)")
     upgrade_checkpoint(ckpt)
@@ -91,7 +72,8 @@ def load_checkpoint(path, device='cpu', which='latest', language_model=False):
         sizes = [line.strip().rstrip('.') for line in str(e).splitlines() if 'size mismatch' in line]
         raise ValueError(f"{mismatch} {few(sizes)}") from None
     if result.missing_keys or result.unexpected_keys:
-        raise ValueError(f"{mismatch} missing {few(result.missing_keys)}; unexpected {few(result.unexpected_keys)}")
+        raise ValueError(f"{mismatch} missing {few(result.missing_keys)}; unexpected "
+                         f"{few(result.unexpected_keys)}")
     return model.eval(), ckpt
 
 
@@ -103,13 +85,33 @@ def build_model(model_args):
     return GPT(GPTConfig(**model_args))
 
 
+def strip_wrappers(key):
+    """A parameter name without the prefixes torch.compile ('_orig_mod.') and DDP ('module.') add."""
+    while key.startswith(('_orig_mod.', 'module.')):
+        key = key.removeprefix('_orig_mod.').removeprefix('module.')
+    return key
+
+
+def upgrade_checkpoint(ckpt):
+    """An older version's checkpoint in this version's shapes: embed_scale and its AdamW moments were 0-dim
+    before the parameter became 1-element (FSDP2 cannot shard a 0-dim parameter)."""
+    moments = ckpt.get('optimizer', {}).get('state', {}).get('embed_scale', {})
+    for state in (ckpt['model'], moments):
+        state.update({k: v.reshape(1) for k, v in state.items()
+                      if k in ('embed_scale', 'exp_avg', 'exp_avg_sq') and v.dim() == 0})
+
+
 def few(items, n=3):
-    return ', '.join(items[:n]) + (f' and {len(items) - n} more' if len(items) > n else '') if items else 'none'
+    more = f' and {len(items) - n} more' if len(items) > n else ''
+    return ', '.join(items[:n]) + more if items else 'none'
+
+# ------------------------------------------------------------------------------------------------------------
+# train.py's side: writing and resuming
 
 
 def training_state(model, optimizer, **fields):
-    """A checkpoint of a training run: the whole model and optimizer state (gathered from FSDP shards: one ordinary
-    file whatever the process count, in CPU memory) and `fields`. Collective under torchrun: every process calls it."""
+    """A checkpoint of a training run: the whole model and optimizer state (gathered from FSDP shards: one
+    ordinary file whatever the process count, in CPU memory) and `fields`. Every process calls it."""
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights = get_model_state_dict(model, options=full)
     if 'lm_head.weight' in weights:  # tied to the token embedding, but gathered as two copies: save it once
@@ -118,12 +120,13 @@ def training_state(model, optimizer, **fields):
 
 
 def save_checkpoint(state, out_dir, best=False):
-    """out_dir/ckpt.pt, written atomically; with best, best.pt too: a hard link to the same file, so the bytes are
-    serialised once (a copy where links are not supported). The next ckpt.pt is a new file, the link keeps this one."""
+    """out_dir/ckpt.pt, written atomically; with best, best.pt too: a hard link to the same file, so the bytes
+    are written once (a copy where links are not supported). The next ckpt.pt is a new file."""
     path = os.path.join(out_dir, CHECKPOINTS['latest'])
     atomic_write(path, lambda f: torch.save(state, f))
     if best:
-        final, tmp = os.path.join(out_dir, CHECKPOINTS['best']), os.path.join(out_dir, f'best.pt.tmp{os.getpid()}')
+        final = os.path.join(out_dir, CHECKPOINTS['best'])
+        tmp = f'{final}.tmp{os.getpid()}'
         try:
             os.link(path, tmp)
             os.replace(tmp, final)
@@ -133,40 +136,49 @@ def save_checkpoint(state, out_dir, best=False):
 
 
 def read_resume_checkpoint(cfg, model_args, n_train, master):
-    """The checkpoint to resume from, checked against the config (on every process: memory-mapped, no copy)."""
+    """The checkpoint to resume from, checked against the config (on every process: memory-mapped, no copy);
+    'complete' when the run in out_dir has already ended at max_iters."""
     path = checkpoint_file(cfg.out_dir)
     try:  # clear errors for a missing, corrupt or foreign file (checked on 'meta': no copy)
         _, ckpt = load_checkpoint(path, device='meta')
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: init_from='resume': {e}") from None
-    missing = [k for k in ('optimizer', 'config', 'iter_num', 'best_val_loss', 'best_iter', 'guard', 'last_eval',
-                           'sampler') if k not in ckpt]
+    if ckpt.get('iter_num', 0) >= cfg.max_iters and not cfg.eval_only and os.path.exists(
+            os.path.join(cfg.out_dir, 'summary.json')):
+        if master:
+            print(f"{cfg.out_dir} is already at max_iters={cfg.max_iters} (iter {ckpt['iter_num']}): nothing "
+                  "to do; raise --max_iters to continue")
+        return 'complete'
+    missing = [k for k in ('optimizer', 'config', 'iter_num', 'best_val_loss', 'best_iter', 'guard',
+                           'last_eval', 'sampler') if k not in ckpt]
     if missing:
         raise SystemExit(f"error: {path} lacks {', '.join(missing)}: it was not written by this train.py "
                          "and cannot be resumed exactly; start a new run in a new out_dir")
-    changed = [f'{k} (checkpoint {ckpt["model_args"].get(k)!r}, config {v!r})'
-               for k, v in model_args.items() if ckpt['model_args'].get(k) != v and k != 'dropout']
+    old = ckpt['model_args']
+    changed = [f'{k} (checkpoint {old.get(k)!r}, config {v!r})' for k, v in model_args.items()
+               if old.get(k) != v and k != 'dropout']
     if changed:
         raise SystemExit('error: the config changes the architecture of the run being resumed: '
                          + ', '.join(changed) + ". Keep the checkpoint's values or use a new out_dir.")
     notes = []
-    if ckpt['model_args'].get('dropout') != cfg.dropout:
-        notes.append(f"note: dropout changes from {ckpt['model_args'].get('dropout')} to {cfg.dropout}")
+    if old.get('dropout') != cfg.dropout:
+        notes.append(f"note: dropout changes from {old.get('dropout')} to {cfg.dropout}")
     if ckpt['config'].get('dataset') != cfg.dataset:
         notes.append(f"warning: resuming a run trained on dataset {ckpt['config'].get('dataset')!r} "
                      f"with dataset {cfg.dataset!r}")
-    if (ckpt['sampler']['seed'], ckpt['sampler']['train_tokens']) != (cfg.seed, n_train):
+    seed, budget = ckpt['sampler']['seed'], ckpt['sampler']['train_tokens']
+    if (seed, budget) != (cfg.seed, n_train):
         notes.append(f"warning: resuming with seed/train_tokens {cfg.seed}/{n_train:,} where the checkpoint "
-                     f"has {ckpt['sampler']['seed']}/{ckpt['sampler']['train_tokens']:,}: the data order changes")
+                     f"has {seed}/{budget:,}: the data order changes")
     if master and notes:
         print('\n'.join(notes))
     return ckpt
 
 
 def load_training_state(raw, optimizer, ckpt, env):
-    """Weights and optimizer state of a resumed run (under torchrun rank 0 reads them and broadcasts them: the
-    others would each read the whole checkpoint), and its loop state: iter_num, best_val_loss, best_iter, guard,
-    last_eval, wall_time_s."""
+    """Weights and optimizer state of a resumed run (under torchrun rank 0 reads them and broadcasts them:
+    the others would each read the whole file), and its loop state: iter_num, best_val_loss, best_iter,
+    guard, last_eval, wall_time_s."""
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=env.ddp)
     keep = not env.ddp or env.master
     set_model_state_dict(raw, ckpt['model'] if keep else {}, options=options)
@@ -176,9 +188,9 @@ def load_training_state(raw, optimizer, ckpt, env):
 
 
 def prepare_run_dir(out_dir, config, resume_iter=None):
-    """out_dir ready for a run: config.json written; log.jsonl cut back to what happened up to the checkpoint resumed
-    at resume_iter (its eval included), or emptied for a new run, which also removes the checkpoints and summary of
-    a run it replaces (--overwrite): no file to mix with this one."""
+    """out_dir ready for a run: config.json written; log.jsonl cut back to the checkpoint resumed at
+    resume_iter (its eval included), or emptied for a new run, which also removes the checkpoints and summary
+    of a run it replaces (--overwrite): no file to mix with this one. With wandb_log, a wandb run."""
     os.makedirs(out_dir, exist_ok=True)
     if resume_iter is None:
         for name in (*CHECKPOINTS.values(), 'summary.json'):
@@ -189,16 +201,23 @@ def prepare_run_dir(out_dir, config, resume_iter=None):
     kept = [] if resume_iter is None else read_log(log_path, lambda r: r['iter'] < resume_iter or (
         r['iter'] == resume_iter and r['event'] in ('eval', 'stopped')))
     atomic_write(log_path, lambda f: f.write(''.join(json.dumps(r) + '\n' for r in kept).encode()))
+    if config.get('wandb_log'):
+        import wandb
+        wandb.init(project=config['wandb_project'], name=config['wandb_run_name'], config=config)
 
 
-def append_log(out_dir, record):
+def append_log(out_dir, record, wandb_log=False):
+    """A line of out_dir/log.jsonl (and, with wandb_log, a step of the wandb run)."""
     with open(os.path.join(out_dir, 'log.jsonl'), 'a') as f:
         f.write(json.dumps(record) + '\n')
+    if wandb_log:
+        import wandb
+        wandb.log(record, step=record['iter'])
 
 
 def write_summary(out_dir, status, state, facts):
-    """out_dir/summary.json, how a run ended ('finished' or 'diverged'; study.py reads it): from its training state
-    the last eval, the best val loss and the divergence, then the run's `facts` (data, model, config)."""
+    """out_dir/summary.json, how a run ended ('finished' or 'diverged'; the study's report reads it): the last
+    eval, the best val loss and the divergence from its training state, then the run's `facts`."""
     last, it, diverged = state['last_eval'] or {}, state['iter_num'], status == 'diverged'
     layers = last.get('norm_layers', {})
     write_json(os.path.join(out_dir, 'summary.json'), {
@@ -206,7 +225,8 @@ def write_summary(out_dir, status, state, facts):
         'final_train_loss': last.get('train_loss'), 'final_val_acc': last.get('val_acc'),
         'final_train_acc': last.get('train_acc'),
         'best_val_loss': state['best_val_loss'] if state['best_iter'] is not None else None,
-        'best_iter': state['best_iter'], 'saturation': last.get('saturation'), 'thresholds': last.get('thresholds'),
+        'best_iter': state['best_iter'], 'saturation': last.get('saturation'),
+        'thresholds': last.get('thresholds'),
         'saturation_layers': {k: v['saturation'] for k, v in layers.items() if v['saturation'] is not None},
         'alphas': {k: v['alpha'] for k, v in layers.items() if v['alpha'] is not None}, 'iters': it,
         'wall_time_s': state['wall_time_s'], 'diverged': diverged, 'diverged_reason': state.get('diverged'),

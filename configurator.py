@@ -4,11 +4,11 @@ nanoGPT's configuration convention, for every script of nanonorm:
   python train.py config/gpt2_64m_dyt.py --batch_size=32 --train_tokens=1_000_000
   python train.py --help                    # what the script does, its keys and their defaults
 
-The script's defaults come first; each config file (a positional argument) is Python executed on top of them
-(`from config.study import *` works from the repository root); then each --key=value override, read as a
-Python literal (a bare word stays a string, and so does any value of a string key: --out_dir=2024). Unknown
-keys and values of the wrong type are errors that name the closest keys. In a config file, names starting
-with '_', imported modules and functions are not keys. Also here: what the device and dtype keys mean.
+The script's defaults come first; each config file is Python executed on top of them (`from config.study
+import *` works from the repository root); then each --key=value, read as a Python literal (a bare word stays
+a string, as does any value of a string key: --out_dir=2024). Unknown keys and values of the wrong type are
+errors that name the closest keys. In a config file, names starting with '_', modules and functions are not
+keys. Also here: what the device and dtype keys mean, train.py's checks, and the annexes an option needs.
 """
 import ast
 import difflib
@@ -39,11 +39,12 @@ def config_keys(namespace):
 def run_config_file(path, namespace=None, what='config file'):
     """Execute a Python config file on top of `namespace` (a copy) and return the resulting names."""
     if not os.path.isfile(path):
-        folder = os.path.dirname(path) or '.'
-        names = [os.path.join(os.path.dirname(path), f) for f in os.listdir(folder)] if os.path.isdir(folder) else []
+        folder = os.path.dirname(path)
+        names = [os.path.join(folder, f) for f in os.listdir(folder or '.')] if os.path.isdir(folder or '.') \
+            else []
         close = difflib.get_close_matches(path, names, n=3, cutoff=0.6)
-        raise SystemExit(f"error: {what} '{path}' not found" + (f"; did you mean {' or '.join(close)}?" if close
-                                                                else ''))
+        hint = f"; did you mean {' or '.join(close)}?" if close else ''
+        raise SystemExit(f"error: {what} '{path}' not found{hint}")
     namespace = dict(namespace or {})
     with open(path) as f:
         exec(compile(f.read(), path, 'exec'), namespace)
@@ -73,7 +74,7 @@ def configure(defaults, argv, optional_types=None, doc=None):
             close = difflib.get_close_matches(key, list(defaults), n=3, cutoff=0.6)
             hint = f"; did you mean {' or '.join(close)}?" if close else "; --help lists the keys"
             if not source.startswith('--'):  # a config file's own helper variable
-                hint += f" (a helper variable in a config file must start with '_', e.g. _{key}: those are ignored)"
+                hint += f" (a config file's own variables must start with '_', e.g. _{key}: they are ignored)"
             raise SystemExit(f"error: unknown config key '{key}' (from {source}){hint}")
         nullable = key in optional_types or defaults[key] is None
         want = optional_types.get(key, None if defaults[key] is None else type(defaults[key]))
@@ -107,7 +108,7 @@ def configure(defaults, argv, optional_types=None, doc=None):
     return cfg
 
 # ------------------------------------------------------------------------------------------------------------
-# The keys every script shares: device, dtype, and the annexes an option needs
+# The keys several scripts share: device and dtype; train.py's checks; the annexes an option needs
 
 
 def pick_device(device=None):
@@ -117,8 +118,10 @@ def pick_device(device=None):
     try:
         kind = torch.device(device).type
     except RuntimeError:
-        raise ValueError(f"device={device!r} is not a device name; use 'cpu', 'cuda', 'cuda:1' or 'mps'") from None
-    if (kind == 'cuda' and not torch.cuda.is_available()) or (kind == 'mps' and not torch.backends.mps.is_available()):
+        raise ValueError(f"device={device!r} is not a device name; use 'cpu', 'cuda', 'cuda:1' or 'mps'") \
+            from None
+    available = {'cuda': torch.cuda.is_available(), 'mps': torch.backends.mps.is_available()}
+    if not available.get(kind, True):
         raise ValueError(f"device={device!r}, but this machine has no {kind} device; use device='cpu'")
     return device
 
@@ -141,54 +144,52 @@ def resolve(cfg, world):
     from model import GPTConfig
     try:
         cfg.device = pick_device(cfg.device)
-        GPTConfig(**{f.name: getattr(cfg, f.name) for f in fields(GPTConfig)})  # the architecture's own checks
+        GPTConfig(**{f.name: getattr(cfg, f.name) for f in fields(GPTConfig)})  # the model's own checks
     except ValueError as e:
         raise SystemExit(f'error: {e}') from None
     cfg.dtype = precision(cfg.device, cfg.dtype)[0]
     cfg.backend = cfg.backend or ('nccl' if cfg.device.startswith('cuda') else 'gloo')
+    if cfg.fsdp:
+        annex('cluster', 'fsdp=True')  # said before anything starts, where a fork has deleted it
     has_run = os.path.exists(os.path.join(cfg.out_dir, 'ckpt.pt'))
     if cfg.init_from == 'auto':
         cfg.init_from = 'resume' if has_run else 'scratch'
     checks = [(cfg.init_from in ('scratch', 'resume'), "init_from must be 'scratch', 'resume' or 'auto'"),
               (cfg.init_from == 'resume' or cfg.overwrite or cfg.eval_only or not has_run,
-               f'{cfg.out_dir} already holds a run (ckpt.pt); pass --out_dir=NEW, --init_from=resume (or auto), '
-               'or --overwrite=True'),
+               f'{cfg.out_dir} already holds a run (ckpt.pt); pass --out_dir=NEW, --init_from=resume (or '
+               'auto), or --overwrite=True'),
               (cfg.dtype in ('float32', 'bfloat16'), "dtype must be 'float32' or 'bfloat16'"),
               (min(cfg.eval_interval, cfg.log_interval, cfg.eval_iters, cfg.batch_size, cfg.block_size,
-                   cfg.gradient_accumulation_steps) > 0, 'eval_interval, log_interval, eval_iters, batch_size, '
-               'block_size and gradient_accumulation_steps must be positive'),
-              (cfg.max_iters >= 0, f'max_iters ({cfg.max_iters}) must be >= 0 (0 = evaluate the initial model)'),
+                   cfg.gradient_accumulation_steps) > 0, 'eval_interval, log_interval, eval_iters, '
+               'batch_size, block_size and gradient_accumulation_steps must be positive'),
+              (cfg.max_iters >= 0, f'max_iters ({cfg.max_iters}) must be >= 0 (0 = evaluate the initial '
+               'model)'),
               (world == 1 or not cfg.fsdp_shard or cfg.fsdp and world % cfg.fsdp_shard == 0,
-               f"fsdp_shard={cfg.fsdp_shard} needs fsdp=True and must divide the {world} processes (a node's GPUs)"),
+               f'fsdp_shard={cfg.fsdp_shard} needs fsdp=True and must divide the {world} processes (a '
+               "node's GPUs)"),
               (not cfg.wandb_log or importlib.util.find_spec('wandb'),
                'wandb_log=True, but wandb is not installed (pip install wandb)')]
     for n, what in ((cfg.batch_size * cfg.gradient_accumulation_steps, 'samples per step (batch_size x '
                      'gradient_accumulation_steps)'), (cfg.eval_iters * cfg.batch_size, 'eval_iters x '
                                                       'batch_size eval samples')):
-        checks.append((all(c > 0 for r in range(world) for _, c in micro_batches(n, world, r, cfg.batch_size)),
-                       f'the {n} {what} are too few to give each of {world} processes the same number of '
-                       'micro-batches; raise them or use fewer processes'))
+        shares = [c for r in range(world) for _, c in micro_batches(n, world, r, cfg.batch_size)
+                  ] if min(n, cfg.batch_size) > 0 else []  # else the positivity check says what is wrong
+        checks.append((all(c > 0 for c in shares), f'the {n} {what} are too few to give each of {world} '
+                       'processes the same number of micro-batches; raise them or use fewer processes'))
     for ok, message in checks:
         if not ok:
             raise SystemExit(f'error: {message}')
 
 
-def annex(name, what):
-    """The module annex/<name>.py, which `what` needs; a clear error where a fork has deleted it."""
+def annex(name, needed_by=None):
+    """The module annex/<name>.py. Where a fork has deleted it: None, or, for an option or data that needs it
+    (needed_by), an error that says so."""
     try:
         return importlib.import_module(f'annex.{name}')
     except ModuleNotFoundError as e:
         if e.name not in ('annex', f'annex.{name}'):
             raise
-        raise SystemExit(f'error: {what} needs annex/{name}.py, which this copy of nanonorm does not have '
-                         '(restore it from the nanonorm repository)') from None
-
-
-def optional_annex(name):
-    """annex/<name>.py, or None where a fork has deleted it (what it adds is then left out: a memory plan, MFU)."""
-    try:
-        return importlib.import_module(f'annex.{name}')
-    except ModuleNotFoundError as e:
-        if e.name not in ('annex', f'annex.{name}'):
-            raise
+        if needed_by:
+            raise SystemExit(f'error: {needed_by} needs annex/{name}.py, which this copy of nanonorm does '
+                             'not have (restore it from the nanonorm repository)') from None
         return None

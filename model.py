@@ -228,7 +228,7 @@ class GPTConfig:
     dyt_alpha_final: float | None = None
     embed_scale: bool = False  # a learnable scalar on the (token + position) embeddings, init sqrt(n_embd)
     emb_init_std: float = 0.02  # token and position embeddings (and the tied output layer): GPT-2's 0.02.
-    # Small DyT models collapse with it (README, "When DyT collapses"); 0.3 or 1.0 (PyTorch's) train.
+    # Small DyT models collapse with it (docs/collapse.md); 0.3 or 1.0 (PyTorch's) train.
     attn: str = 'standard'
     mlp: str = 'gelu'
     pos: str = 'learned'

@@ -1,11 +1,11 @@
 """
-What the norm layers see, measured while the model runs (train.py at every eval, analyze.py): each norm layer's
-input mean and std, and for DyT and Derf the saturation, the fraction of |alpha x| (Derf: |alpha x + s|, erf's
-argument) above each threshold (Verma 2026; headline 2.0, where tanh is at 96% of its bound).
+What the norm layers see, measured while the model runs (train.py at every eval, analyze.py): each norm
+layer's input mean and std, and for DyT and Derf the saturation: the fraction of |alpha x| (Derf: erf's
+argument |alpha x + s|) above each threshold (Verma 2026; headline 2.0, where tanh is at 96% of its bound).
 
-instrument(model) attaches it from outside model.py: every norm layer (ln_1, ln_2, ln_f) gets sums in buffers and
-a forward pre-hook that adds to them while recording. Instrument before torch.compile, which then traces the hook
-too; the buffers follow .to(device) and stay out of checkpoints. Not recording, a hook costs one bool test.
+instrument(model) attaches it from outside model.py: every norm layer (ln_1, ln_2, ln_f) gets sums in buffers
+and a forward pre-hook that adds to them while recording. Instrument before torch.compile, which then traces
+the hook too; the buffers follow .to(device) and stay out of checkpoints. Off, a hook costs one bool test.
 """
 import math
 
@@ -14,11 +14,12 @@ import torch
 from model import Derf, DyT
 
 THRESHOLDS = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
+AT_2 = THRESHOLDS.index(2.0)  # the study's headline saturation: |alpha x| > 2
 SUMS = ('stat_count', 'stat_sum', 'stat_sumsq', 'stat_sat')
 
 
 def norm_layers(model):
-    """[(name, layer)] of the norm layers before attention, before the MLP, and the final one, in module order."""
+    """[(name, layer)] of the norms before attention, before the MLP, and the final one, in module order."""
     return [(n, m) for n, m in model.named_modules() if n.rpartition('.')[2] in ('ln_1', 'ln_2', 'ln_f')]
 
 
@@ -48,12 +49,11 @@ def instrument(model):
     """Give every norm layer of `model` its statistics (once); returns the model."""
     for _, layer in norm_layers(model):
         if not hasattr(layer, 'recording'):
-            device = layer.weight.device
-            layer.register_buffer('stat_count', torch.zeros((), dtype=torch.long, device=device), persistent=False)
-            layer.register_buffer('stat_sum', torch.zeros((), device=device), persistent=False)
-            layer.register_buffer('stat_sumsq', torch.zeros((), device=device), persistent=False)
-            layer.register_buffer('stat_sat', torch.zeros(len(THRESHOLDS), dtype=torch.long, device=device),
-                                  persistent=False)
+            for name in SUMS:  # counts are exact integers, sums float32
+                shape = len(THRESHOLDS) if name == 'stat_sat' else ()
+                dtype = torch.long if name in ('stat_count', 'stat_sat') else None
+                layer.register_buffer(name, torch.zeros(shape, dtype=dtype, device=layer.weight.device),
+                                      persistent=False)
             layer.recording = False
             layer.register_forward_pre_hook(observe)
     return model
@@ -75,15 +75,15 @@ def sums(model):
 
 
 def read(model):
-    """{'thresholds', 'saturation': pooled over every DyT/Derf layer (None without one), 'layers': {name: {'kind',
-    'alpha', 'input_std', 'count' (elements seen), 'saturation' (per threshold, or None)}}}."""
+    """{'thresholds', 'saturation': pooled over every DyT/Derf layer (None without one), 'layers': {name:
+    {'kind', 'alpha', 'input_std', 'count' (elements seen), 'saturation' (per threshold, or None)}}}."""
     layers = {}
     for name, layer in norm_layers(model):
         n = layer.stat_count.item()
         mean = layer.stat_sum.item() / max(n, 1)
         std = math.sqrt(max(layer.stat_sumsq.item() / max(n, 1) - mean * mean, 0.0)) if n else None
         alpha = getattr(layer, 'alpha', None)
-        if hasattr(alpha, 'full_tensor'):  # sharded by FSDP2: gather just this scalar (every process calls read)
+        if hasattr(alpha, 'full_tensor'):  # sharded by FSDP2: every process calls read, gathering this scalar
             alpha = alpha.full_tensor()
         sat = [c / n for c in layer.stat_sat.tolist()] if n and isinstance(layer, (DyT, Derf)) else None
         layers[name] = {'kind': model.config.norm, 'alpha': None if alpha is None else alpha.item(),

@@ -16,7 +16,7 @@ from data.common import DataError, get_tokenizer
 
 # -----------------------------------------------------------------------------------------------------------
 out_dir = 'out'
-ckpt = 'latest'  # out_dir's 'latest' (ckpt.pt) or 'best' (best.pt), as in analyze.py and eval.py; or a checkpoint file
+ckpt = 'latest'  # out_dir's 'latest' (ckpt.pt) or 'best' (best.pt), as in analyze.py; or a checkpoint file
 start = '\n'  # the prompt, or "FILE:path" to read it from a file
 num_samples = 3
 max_new_tokens = 200
@@ -24,7 +24,7 @@ temperature = 0.8  # 1.0 = the model's distribution, lower = more conservative, 
 top_k: int | None = 200  # keep only the top_k most likely tokens; None = all
 seed = 1337
 device: str | None = None  # None = 'cuda' if available, else 'mps', else 'cpu'
-dtype: str | None = None  # 'float32', 'bfloat16' or 'float16'; None = bfloat16 on CUDA if supported, else float32
+dtype: str | None = None  # 'float32', 'bfloat16' or 'float16'; None = bfloat16 on CUDA if supported
 compile = False  # torch.compile the forward that generate calls (dynamic shapes: the sequence grows)
 tiktoken_file: str | None = None  # GPT-2 .tiktoken ranks file for offline machines
 # -----------------------------------------------------------------------------------------------------------
@@ -39,7 +39,8 @@ def main(argv):
     try:
         device = pick_device(cfg['device'])
         if cfg['dtype'] not in (None, 'float32', 'bfloat16', 'float16'):
-            raise SystemExit(f"error: dtype={cfg['dtype']!r} is not known; use 'float32', 'bfloat16' or 'float16'")
+            raise SystemExit(f"error: dtype={cfg['dtype']!r} is not known; use 'float32', 'bfloat16' or "
+                             "'float16'")
         dtype, ctx = precision(device, cfg['dtype'])
         if start.startswith('FILE:'):
             try:
@@ -48,7 +49,7 @@ def main(argv):
             except (OSError, UnicodeDecodeError) as e:
                 raise SystemExit(f'error: cannot read the prompt file {start[5:]!r} (--start=FILE:path): {e}')
         model, checkpoint = load_checkpoint(path, device, language_model=True)
-        tiktoken_file = cfg['tiktoken_file'] or checkpoint.get('config', {}).get('tiktoken_file')  # the run's own
+        tiktoken_file = cfg['tiktoken_file'] or checkpoint.get('config', {}).get('tiktoken_file')  # the run's
         tok = get_tokenizer(checkpoint.get('tokenizer', 'gpt2'), tiktoken_file)
     except (FileNotFoundError, ValueError, DataError) as e:
         raise SystemExit(f'error: {e}') from None
@@ -59,7 +60,8 @@ def main(argv):
     ids = tok.encode(start) or [tok.eot]  # an empty prompt starts from end-of-text
     if max(ids) >= model.config.vocab_size:
         raise SystemExit(f"error: the prompt has token id {max(ids)}, outside the model's vocabulary "
-                         f"({model.config.vocab_size}); is the checkpoint's tokenizer ({tok.name}) the data's?")
+                         f"({model.config.vocab_size}); is the checkpoint's tokenizer ({tok.name}) the "
+                         "data's?")
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, -model.config.block_size:]
     with torch.no_grad(), ctx:
         for _ in range(cfg['num_samples']):

@@ -1,15 +1,14 @@
 """
 Train a GPT variant (model.py) on a tokenized corpus: on a CPU, one GPU, or many with torchrun.
 
-  python train.py                         # a tiny byte-level GPT on the offline pydocs corpus: ~1 min on 2 CPU cores
+  python train.py                   # a tiny byte-level GPT on the offline pydocs corpus: ~1 min, 2 CPU cores
   python train.py config/gpt2_64m_dyt.py --train_tokens=1_000_000 --seed=42 --out_dir=out/64m_dyt_1M_s42
   torchrun --standalone --nproc_per_node=8 train.py config/gpt2_64m_dyt.py --init_from=auto
 
-Keys: the globals below, then config files, then --key=value (configurator.py). out_dir gets config.json,
-log.jsonl, ckpt.pt (every eval), best.pt (best val loss) and summary.json ("status": "finished" or "diverged").
-SIGTERM, SIGUSR1 and Ctrl-C stop at the next step with ckpt.pt written. Exit status: 0 finished, 3 diverged,
-4 stopped by a signal, 1 error. Annexes, imported only by the runs that need them: annex/cluster.py (fsdp=True,
-Slurm's srun), annex/vit.py (image data: a ViT), annex/memory.py (the memory plan, GPUs' peak FLOP/s for MFU).
+Keys: the globals below, then config files, then --key=value (configurator.py). Writes config.json, log.jsonl,
+ckpt.pt, best.pt and summary.json to out_dir. SIGTERM, SIGUSR1 and Ctrl-C stop at the next step with ckpt.pt
+written. Exit status: 0 finished, 3 diverged, 4 stopped by a signal, 1 error. Annexes, imported where a run
+needs them: annex/cluster.py (fsdp, srun), annex/vit.py (image data), annex/memory.py (memory plan, MFU).
 """
 import math
 import os
@@ -27,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import norm_stats
 from checkpoint import (append_log, build_model, load_training_state, prepare_run_dir, read_resume_checkpoint,
                         save_checkpoint, training_state, write_summary)
-from configurator import annex, config_keys, configure, optional_annex, precision, resolve
+from configurator import annex, config_keys, configure, precision, resolve
 from data.common import derived_seed, micro_batches, open_data
 from model import GPTConfig
 
@@ -40,7 +39,7 @@ log_interval = 10
 eval_iters = 10  # batches per split per evaluation (image data: val is the whole test set)
 eval_only = False
 always_save_checkpoint = True  # False: ckpt.pt written only when val loss improves, and at the end (nanoGPT)
-init_from = 'scratch'  # 'scratch', 'resume' (out_dir/ckpt.pt) or 'auto' (resume if there is one: requeued jobs)
+init_from = 'scratch'  # 'scratch', 'resume' (out_dir/ckpt.pt) or 'auto' (resume if there is one: requeues)
 overwrite = False  # a scratch run refuses an out_dir that holds a run (sweeps must not clobber each other)
 wandb_log = False
 wandb_project = 'nanonorm'
@@ -48,8 +47,8 @@ wandb_run_name = 'run'
 # data
 dataset = 'pydocs'
 data_dir: str | None = None  # the folder with train.bin, val.bin and meta.json; None = data/<dataset>
-train_tokens: int | None = None  # the data budget: windows inside the first train_tokens train tokens; None = all
-val_tokens: int | None = None  # evaluate on the first val_tokens val tokens, the same for every budget; None = all
+train_tokens: int | None = None  # the data budget: windows in the first train_tokens train tokens; None = all
+val_tokens: int | None = None  # evaluate on the first val_tokens val tokens (for every budget); None = all
 tiktoken_file: str | None = None  # a GPT-2 .tiktoken ranks file for offline machines (sample.py reads it too)
 gradient_accumulation_steps = 1  # micro-batches per step in all: batch_size x this = sequences per step
 batch_size = 16  # sequences per micro-batch, at most
@@ -68,12 +67,12 @@ dyt_alpha_attn: float | None = None  # per place, the DyT paper's LLM rule; None
 dyt_alpha_ffn: float | None = None
 dyt_alpha_final: float | None = None
 embed_scale = False
-emb_init_std = 0.3  # GPT-2's 0.02 makes a model this small collapse with DyT (README: "When DyT collapses")
+emb_init_std = 0.3  # GPT-2's 0.02 makes a model this small collapse with DyT (docs/collapse.md)
 attn = 'standard'  # or 'diff'
 mlp = 'gelu'  # or 'swiglu'
 pos = 'learned'  # or 'rope'
 rope_theta = 10000.0
-vocab_size: int | None = None  # None = the dataset's (meta.json) padded to a multiple of 64, like GPT-2's 50304
+vocab_size: int | None = None  # None = the dataset's, padded to a multiple of 64 (GPT-2's 50304)
 patch_size = 4  # image data (annex/vit.py): the ViT's patches and pooling, 'cls' or 'mean'
 pool = 'cls'
 # AdamW (weight decay on >= 2-D weights only) and the learning-rate schedule
@@ -87,10 +86,10 @@ decay_lr = True  # linear warmup, then cosine down to min_lr at lr_decay_iters; 
 warmup_iters = 30
 lr_decay_iters = 300
 min_lr = 2e-4
-spike_factor: float | None = None  # also stop when a loss exceeds this x the best smoothed loss (non-finite always)
+spike_factor: float | None = None  # stop when a loss exceeds this x the best smoothed one (non-finite always)
 # system
 device: str | None = None  # None = 'cuda' if available, else 'mps', else 'cpu'
-dtype: str | None = None  # 'float32' or 'bfloat16'; None = bfloat16 autocast on CUDA when supported, else float32
+dtype: str | None = None  # 'float32' or 'bfloat16' (autocast); None = bfloat16 on CUDA if supported
 compile = False
 backend: str | None = None  # torch.distributed's; None = 'nccl' on CUDA, 'gloo' otherwise
 fsdp = False  # under torchrun: shard weights, gradients and AdamW state with FSDP2 (the 3.78b configs)
@@ -103,7 +102,6 @@ EVAL_SEED = 1337  # the fixed train-split eval windows: analyze.py's (data.commo
 COLLAPSE_MARGIN = 0.1  # nats: a train loss this close to the entropy of the token (class) frequencies
 EXIT_DIVERGED, EXIT_STOPPED = 3, 4
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
-AT_2 = norm_stats.THRESHOLDS.index(2.0)  # the study's headline saturation: |alpha x| > 2
 
 
 def get_lr(it, cfg):
@@ -136,66 +134,68 @@ def train(cfg, env):
     config = vars(cfg).copy()
     model_args = data.model_args(config) if data.unit == 'images' else {  # a ViT: annex/vit.py's fields
         f.name: config[f.name] for f in fields(GPTConfig)}
-    ckpt = read_resume_checkpoint(cfg, model_args, data.n_train, env.master) if cfg.init_from == 'resume' else None
-    if ckpt and ckpt['iter_num'] >= cfg.max_iters and not cfg.eval_only and os.path.exists(
-            os.path.join(cfg.out_dir, 'summary.json')):
-        if env.master:
-            print(f"{cfg.out_dir} is already at max_iters={cfg.max_iters} (iter {ckpt['iter_num']}): nothing to "
-                  "do; raise --max_iters to continue")
+    resume = cfg.init_from == 'resume'
+    ckpt = read_resume_checkpoint(cfg, model_args, data.n_train, env.master) if resume else None
+    if ckpt == 'complete':  # the run in out_dir has ended: its files are left as they are
         return 0
     samples = cfg.batch_size * cfg.gradient_accumulation_steps  # per step, over every process
     parts = micro_batches(samples, env.world, env.rank, cfg.batch_size)  # this process's (first, count)
-    memory = optional_annex('memory')  # the memory plan, and GPUs' peak FLOP/s for MFU
+    memory = annex('memory')  # the memory plan, and GPUs' peak FLOP/s for MFU (None: the annex is deleted)
     if env.master:
         changed = ', '.join(f'{k}={v!r}' for k, v in config.items() if v != DEFAULTS[k])
         print(f"config (all of it in {cfg.out_dir}/config.json): {changed or 'the defaults'}")
         if memory and data.unit == 'tokens':  # before the model exists: told before it runs out of memory
             memory.print_plan(GPTConfig(**model_args), cfg, env, max(count for _, count in parts))
     peak = cfg.peak_flops or (memory and memory.gpu_peak_flops(env.device, env.ptdtype))
-    raw, model, ddp = build(cfg, env, model_args)
+    torch.manual_seed(cfg.seed)
+    if env.fsdp:  # built on the meta device, sharded, each block compiled (annex/cluster.py)
+        raw = model = norm_stats.instrument(annex('cluster', 'fsdp=True').build_sharded(model_args, cfg, env))
+        ddp = None
+    else:  # DDP, then compile: the gradient all-reduce overlaps the compiled backward
+        raw = norm_stats.instrument(build_model(model_args).to(env.device))  # instrumented before compile
+        ddp = DDP(raw, device_ids=[env.local_rank] if env.device_type == 'cuda' else None,
+                  broadcast_buffers=False) if env.ddp else None  # norm statistics are sums: not broadcast
+        model = torch.compile(ddp or raw) if cfg.compile else ddp or raw
     optimizer = raw.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
                                          env.device_type)
     iter_num, best_val_loss, best_iter, guard, last_eval, wall_time = 0, float('inf'), None, {}, None, 0.0
     if ckpt:
-        iter_num, best_val_loss, best_iter, guard, last_eval, wall_time = load_training_state(raw, optimizer, ckpt,
-                                                                                              env)
+        state = load_training_state(raw, optimizer, ckpt, env)
+        iter_num, best_val_loss, best_iter, guard, last_eval, wall_time = state
         del ckpt
     if env.master:
         images = data.unit == 'images'
         print(f'model: {raw.get_num_params():,} parameters ({cfg.norm}, {cfg.attn} attention, {cfg.mlp} MLP, '
-              + (f'ViT, patch {cfg.patch_size}, {cfg.pool} pooling' if images else f'{cfg.pos} positions')
-              + f')\nglobal batch: {samples} ' + ('images' if images else f'sequences x {cfg.block_size} tokens = '
-                                                 f'{samples * cfg.block_size:,} tokens')
-              + f'/step ({env.world} process(es) x {len(parts)} micro-batch(es) of <= {cfg.batch_size}); budget '
-              f'{data.n_train:,} train {data.unit} (entropy of the {data.predicted} frequencies {data.entropy:.3f} '
-              'nats)')
-        if cfg.init_from == 'resume':
+              + (f'ViT, patch {cfg.patch_size}, {cfg.pool} pooling)' if images else f'{cfg.pos} positions)'))
+        print(f'global batch: {samples} ' + ('images' if images else f'sequences x {cfg.block_size} tokens = '
+              f'{samples * cfg.block_size:,} tokens') + f'/step ({env.world} process(es) x {len(parts)} '
+              f'micro-batch(es) of <= {cfg.batch_size}); budget {data.n_train:,} train {data.unit} '
+              f'(entropy of the {data.predicted} frequencies {data.entropy:.3f} nats)')
+        if resume:
             print(f'resuming {cfg.out_dir} at iter {iter_num} (best val loss {best_val_loss:.4f})')
     writing = env.master and not cfg.eval_only
-    if writing:
-        prepare_run_dir(cfg.out_dir, config, iter_num if cfg.init_from == 'resume' else None)
-        if cfg.wandb_log:
-            import wandb
-            wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, config=config)
+    if writing:  # config.json, log.jsonl cut back to the checkpoint (and a wandb run)
+        prepare_run_dir(cfg.out_dir, config, iter_num if resume else None)
 
-    def log(record):  # a line of log.jsonl, and a wandb step
+    def log(record):  # a line of log.jsonl (and a wandb step)
         if writing:
-            append_log(cfg.out_dir, record)
-            if cfg.wandb_log:
-                import wandb
-                wandb.log(record, step=record['iter'])
+            append_log(cfg.out_dir, record, cfg.wandb_log)
 
     def save(best=False):  # ckpt.pt (and best.pt); iter_num is the next step to run. Every process calls it
-        state = training_state(raw, optimizer, model_args=model_args, config=config, tokenizer=meta.get('tokenizer'),
-                               iter_num=iter_num, best_val_loss=best_val_loss, best_iter=best_iter, guard=guard,
-                               last_eval=last_eval, wall_time_s=wall_time + time.time() - t_start,
-                               # data order, augmentations and dropout masks are functions of (seed, step)
-                               sampler=dict(seed=cfg.seed, train_tokens=data.n_train, block_size=cfg.block_size,
-                                            eval_seed=EVAL_SEED))
+        state = training_state(
+            raw, optimizer, model_args=model_args, config=config, tokenizer=meta.get('tokenizer'),
+            iter_num=iter_num, best_val_loss=best_val_loss, best_iter=best_iter, guard=guard,
+            last_eval=last_eval, wall_time_s=wall_time + time.time() - t_start,  # data order, crops and
+            sampler=dict(seed=cfg.seed, train_tokens=data.n_train, block_size=cfg.block_size,  # dropout
+                         eval_seed=EVAL_SEED))  # are functions of (seed, step): the sampler's whole state
         if writing:
             save_checkpoint(state, cfg.out_dir, best=best)
         if env.ddp:
             dist.barrier()  # the others wait while rank 0 writes
+
+    def micro_batch(windows, k):  # this process's k-th micro-batch of a step's windows, on the device
+        first, count = parts[k]
+        return data.batch('train', windows[first:first + count], env.device)
 
     # -------------------------------------------------------------------------------------------- the loop
     t_start = t_log = time.time()
@@ -203,19 +203,24 @@ def train(cfg, env):
     while True:
         saved = False
         if cfg.eval_only or (iter_num % cfg.eval_interval == 0 or iter_num >= cfg.max_iters) and not (
-                iter_num == start_iter and cfg.init_from == 'resume'):  # a resumed step's eval is in the log
-            record = evaluate(cfg, env, raw, data, iter_num)
-            if not (math.isfinite(record['train_loss']) and math.isfinite(record['val_loss'])):
-                reason = (f"non-finite eval loss at iter {iter_num} (train {record['train_loss']}, val "
-                          f"{record['val_loss']})")
+                iter_num == start_iter and resume):  # a resumed step's eval is in the log already
+            ev = evaluate(cfg, env, raw, data, iter_num)
+            if not (math.isfinite(ev['train_loss']) and math.isfinite(ev['val_loss'])):
+                reason = f"non-finite eval loss at iter {iter_num} (train {ev['train_loss']}, val " \
+                         f"{ev['val_loss']})"
                 break
-            improved = record['val_loss'] < best_val_loss
+            improved = ev['val_loss'] < best_val_loss
             if improved:
-                best_val_loss, best_iter = record['val_loss'], iter_num
-            last_eval = dict(record, best_val_loss=best_val_loss, best_iter=best_iter)
+                best_val_loss, best_iter = ev['val_loss'], iter_num
+            last_eval = dict(ev, best_val_loss=best_val_loss, best_iter=best_iter)
             log(last_eval)
             if env.master:
-                print_eval(last_eval, data)
+                sat = ev['saturation'] and f", saturation@2.0 {ev['saturation'][norm_stats.AT_2]:.3f}"
+                acc = data.unit == 'images' and \
+                    f", train acc {ev['train_acc']:.2%}, val acc {ev['val_acc']:.2%}"
+                print(f"step {iter_num}: train loss {ev['train_loss']:.4f}, val loss {ev['val_loss']:.4f} "
+                      f"(best {best_val_loss:.4f} @ {best_iter}){acc or ''}, epochs {ev['epochs']:.2f}"
+                      f"{sat or ''}", *(f'  warning: {w}' for w in ev['warnings']), sep='\n')
             if cfg.eval_only:
                 break
             if cfg.always_save_checkpoint or improved or iter_num >= cfg.max_iters:
@@ -231,11 +236,11 @@ def train(cfg, env):
         lr = get_lr(iter_num, cfg)
         for group in optimizer.param_groups:
             group['lr'] = lr
-        if cfg.dropout > 0:  # dropout masks are a function of the step (reseeding costs ~0.4 ms: only if needed)
+        if cfg.dropout > 0:  # dropout masks are a function of the step (reseeding costs ~0.4 ms: if needed)
             torch.manual_seed(derived_seed(cfg.seed, 'dropout', env.rank, iter_num))
         if batch is None:  # else copied during the previous step
             windows = data.draw(cfg.seed, iter_num, samples)
-            batch = data.batch('train', windows[parts[0][0]:sum(parts[0])], env.device)
+            batch = micro_batch(windows, 0)
         loss_sum = torch.zeros((), device=env.device)
         for k, (first, count) in enumerate(parts):
             if ddp:  # DDP all-reduces the gradients after the last micro-step only
@@ -245,10 +250,10 @@ def train(cfg, env):
             # the next micro-batch (or the next step's first) is copied while the backward runs, as in nanoGPT
             batch = None
             if k + 1 < len(parts):
-                batch = data.batch('train', windows[parts[k + 1][0]:sum(parts[k + 1])], env.device)
+                batch = micro_batch(windows, k + 1)
             elif iter_num + 1 < cfg.max_iters:
                 windows = data.draw(cfg.seed, iter_num + 1, samples)
-                batch = data.batch('train', windows[parts[0][0]:sum(parts[0])], env.device)
+                batch = micro_batch(windows, 0)
             # each micro-batch weighs its share of the step: the average over processes is the step's mean
             (loss * (count * env.world / samples)).backward()
             loss_sum += loss.detach().float() * (count / samples)
@@ -274,31 +279,39 @@ def train(cfg, env):
         steps_since_log += 1
         if iter_num % cfg.log_interval == 0 or iter_num + 1 == cfg.max_iters:
             dt = (time.time() - t_log) / steps_since_log if timed else None  # the first interval compiles
+            rate = samples * data.per_sample / dt if dt else None
             mfu = raw.estimate_mfu(len(parts) * cfg.batch_size, dt, peak) if dt else None
-            log(step_record(env, data, iter_num, loss, lr, grad_norm, dt, mfu, samples))
+            log({'event': 'step', 'iter': iter_num, 'loss': loss, 'lr': lr, 'grad_norm': grad_norm,
+                 **seen(cfg, data, iter_num + 1), f'{data.unit}_per_sec': rate, 'mfu': mfu,
+                 'ms_per_iter': dt and 1000 * dt})
+            if env.master:
+                print(f'iter {iter_num}: loss {loss:.4f}, lr {lr:.2e}, grad norm {grad_norm:.3f}, ' + (
+                    f'{rate:,.0f} {data.unit}/s, {1000 * dt:.1f} ms/iter' if dt else
+                    'first steps (compilation and warm-up: not timed)')
+                    + (f', mfu {100 * mfu:.1f}%' if mfu is not None else ''))
             t_log, steps_since_log, timed = time.time(), 0, True
         iter_num += 1
 
     # ----------------------------------------------------------------------------------------------- the end
     status = 'diverged' if reason else 'stopped' if stop else 'finished'
+    why = env.stop[0] if env.stop else 'signal on another process'
     if status == 'stopped':
-        why = env.stop[0] if env.stop else 'signal on another process'
         log({'event': 'stopped', 'iter': iter_num, 'signal': why})
-        if env.master:
-            print(f'stopped at iter {iter_num} ({why}); ckpt.pt is saved. Continue with the same command and '
-                  '--init_from=auto (or resume)')
-    if status == 'diverged':
+    elif status == 'diverged':
         log({'event': 'diverged', 'iter': iter_num, 'diverged': True, 'reason': reason})
-        if env.master:
-            print(f'DIVERGED: {reason}. Stopped; the checkpoints in {cfg.out_dir} are the last good ones.',
-                  file=sys.stderr)
     if writing and status != 'stopped':  # summary.json: the run has ended
         write_summary(cfg.out_dir, status, dict(
             iter_num=iter_num, best_val_loss=best_val_loss, best_iter=best_iter, last_eval=last_eval,
             wall_time_s=wall_time + time.time() - t_start, diverged=reason), {
-            **seen(cfg, data, iter_num), 'n_params': raw.get_num_params(), f'budget_{data.unit}': data.n_train,
-            'unigram_entropy': data.entropy, 'config': config})
-    if writing and status == 'finished':
+            **seen(cfg, data, iter_num), 'n_params': raw.get_num_params(),
+            f'budget_{data.unit}': data.n_train, 'unigram_entropy': data.entropy, 'config': config})
+    if env.master and status == 'stopped':
+        print(f'stopped at iter {iter_num} ({why}); ckpt.pt is saved. Continue with the same command and '
+              '--init_from=auto (or resume)')
+    elif env.master and status == 'diverged':
+        print(f'DIVERGED: {reason}. Stopped; the checkpoints in {cfg.out_dir} are the last good ones.',
+              file=sys.stderr)
+    elif writing:
         print(f"done: {cfg.out_dir} at iter {iter_num}, final val loss {last_eval['val_loss']:.4f}, best "
               f"{best_val_loss:.4f} @ {best_iter}. Next: " + ('' if data.unit == 'images' else
                                                              f'python sample.py --out_dir={cfg.out_dir}; ')
@@ -315,10 +328,9 @@ def setup(cfg):
     """Processes (torchrun's, or srun's via annex/cluster.py), device, precision and the stop signals."""
     if 'RANK' not in os.environ and int(os.environ.get('SLURM_NTASKS', 1)) > 1:  # srun: one task per GPU
         annex('cluster', 'a run under srun').srun_environment()
-    if cfg.fsdp:
-        annex('cluster', 'fsdp=True')  # said now, before anything starts, where a fork has deleted it
     ddp = 'RANK' in os.environ
-    rank, local_rank, world = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE')) if ddp else (0, 0, 1)
+    rank, local_rank = int(os.environ.get('RANK', 0)), int(os.environ.get('LOCAL_RANK', 0))
+    world = int(os.environ.get('WORLD_SIZE', 1))
     resolve(cfg, world)
     device = cfg.device
     if ddp:
@@ -337,19 +349,6 @@ def setup(cfg):
     for sig in STOP_SIGNALS:
         signal.signal(sig, request_stop)
     return env
-
-
-def build(cfg, env, model_args):
-    """(raw model, the module the step calls, the DDP module or None). DDP then compile: the gradient all-reduce
-    overlaps the compiled backward. fp32 weights under bf16 autocast, as FSDP (annex/cluster.py) trains too."""
-    torch.manual_seed(cfg.seed)
-    if env.fsdp:  # built on the meta device, sharded, each block compiled
-        raw = norm_stats.instrument(annex('cluster', 'fsdp=True').build_sharded(model_args, cfg, env))
-        return raw, raw, None
-    raw = norm_stats.instrument(build_model(model_args).to(env.device))  # instrumented before compile
-    ddp = DDP(raw, device_ids=[env.local_rank] if env.device_type == 'cuda' else None,
-              broadcast_buffers=False) if env.ddp else None  # norm statistics are sums: not broadcast
-    return raw, torch.compile(ddp or raw) if cfg.compile else ddp or raw, ddp
 
 # ----------------------------------------------------------------------------------------- evaluation, logs
 
@@ -374,53 +373,26 @@ def evaluate(cfg, env, raw, data, it):
         result[split] = (sums[0].item() / len(ids), sums[1].item() / (len(ids) * data.per_sample))
     raw.train()
     stats = norm_stats.read(raw)  # under FSDP every process takes part: alpha is gathered from its shards
-    record = {'event': 'eval', 'iter': it, 'train_loss': result['train'][0], 'val_loss': result['val'][0],
-              'train_acc': result['train'][1], 'val_acc': result['val'][1], 'lr': get_lr(it, cfg),
-              **seen(cfg, data, it), 'saturation': stats['saturation'], 'thresholds': stats['thresholds'],
-              'norm_layers': {name: {k: s[k] for k in ('kind', 'alpha', 'input_std', 'saturation')}
-                              for name, s in stats['layers'].items()}}
-    return dict(record, warnings=collapse_signs(cfg, data, record))
+    layers = {name: {k: s[k] for k in ('kind', 'alpha', 'input_std', 'saturation')}
+              for name, s in stats['layers'].items()}
+    warnings = []  # the signs of a collapsed run (DyT at small scale)
+    if it > cfg.warmup_iters and result['train'][0] > data.entropy - COLLAPSE_MARGIN:
+        warnings.append(f"train loss {result['train'][0]:.3f} is at the unigram level of the budget "
+                        f"({data.entropy:.3f} nats) after warmup: the model predicts {data.predicted} "
+                        "frequencies only (collapsed?)")
+    full = [name for name, s in layers.items() if s['saturation'] and s['saturation'][norm_stats.AT_2] > 0.99]
+    if full:  # a saturated layer's output is sign(x) * gamma, whatever its input
+        warnings.append(f"norm layers saturated (|alpha x| > 2 for over 99% of inputs): {', '.join(full)}")
+    return {'event': 'eval', 'iter': it, 'train_loss': result['train'][0], 'val_loss': result['val'][0],
+            'train_acc': result['train'][1], 'val_acc': result['val'][1], 'lr': get_lr(it, cfg),
+            **seen(cfg, data, it), 'saturation': stats['saturation'], 'thresholds': stats['thresholds'],
+            'norm_layers': layers, 'warnings': warnings}
 
 
 def seen(cfg, data, steps):
     """What `steps` steps have read: tokens (or images), and epochs of the budget."""
     n = steps * cfg.batch_size * cfg.gradient_accumulation_steps * data.per_sample
     return {data.unit: n, 'epochs': n / data.n_train}
-
-
-def collapse_signs(cfg, data, record):
-    """The signs of a collapsed run (DyT at small scale): a train loss still at the level of predicting token
-    (class) frequencies after warmup, or a norm layer saturated (its output is sign(x) * gamma for any input)."""
-    signs = []
-    if record['iter'] > cfg.warmup_iters and record['train_loss'] > data.entropy - COLLAPSE_MARGIN:
-        signs.append(f"train loss {record['train_loss']:.3f} is at the unigram level of the budget "
-                     f"({data.entropy:.3f} nats) after warmup: the model predicts {data.predicted} frequencies "
-                     "only (collapsed?)")
-    full = [name for name, s in record['norm_layers'].items() if s['saturation'] and s['saturation'][AT_2] > 0.99]
-    if full:
-        signs.append(f"norm layers saturated (|alpha x| > 2 for over 99% of inputs): {', '.join(full)}")
-    return signs
-
-
-def print_eval(record, data):
-    acc = f"train acc {record['train_acc']:.2%}, val acc {record['val_acc']:.2%}, " if data.unit == 'images' else ''
-    sat = f", saturation@2.0 {record['saturation'][AT_2]:.3f}" if record['saturation'] else ''
-    print(f"step {record['iter']}: train loss {record['train_loss']:.4f}, val loss {record['val_loss']:.4f} (best "
-          f"{record['best_val_loss']:.4f} @ {record['best_iter']}), {acc}epochs {record['epochs']:.2f}{sat}"
-          + ''.join(f'\n  warning: {w}' for w in record['warnings']))
-
-
-def step_record(env, data, it, loss, lr, grad_norm, dt, mfu, samples):
-    """The log record of step `it`, printed; dt (seconds per step) is None for the first interval after a start."""
-    rate = samples * data.per_sample / dt if dt else None
-    if env.master:
-        print(f"iter {it}: loss {loss:.4f}, lr {lr:.2e}, grad norm {grad_norm:.3f}, "
-              + (f"{rate:,.0f} {data.unit}/s, {1000 * dt:.1f} ms/iter" if dt else 'first steps (compilation and '
-                 'warm-up: not timed)') + (f', mfu {100 * mfu:.1f}%' if mfu is not None else ''))
-    n = (it + 1) * samples * data.per_sample
-    return {'event': 'step', 'iter': it, 'loss': loss, 'lr': lr, 'grad_norm': grad_norm, data.unit: n,
-            'epochs': n / data.n_train, f'{data.unit}_per_sec': rate, 'mfu': mfu,
-            'ms_per_iter': 1000 * dt if dt else None}
 
 
 if __name__ == '__main__':

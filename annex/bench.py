@@ -3,12 +3,14 @@ Forward+backward throughput of each norm and attention variant at one small shar
 nanoGPT-style GPT of the same size (the bar the LayerNorm baseline must meet). Device, dtype, TF32 and
 torch.compile are set as train.py sets them, so that the figures mean what training runs.
 
-    python bench.py                       # the shape below, on cuda, else mps, else cpu
-    python bench.py --device=cpu --steps=15
-    python bench.py --device=cuda --n_layer=12 --n_embd=768 --n_head=12 --block_size=1024 --compile=True
-    python bench.py --vit=True --batch_size=128  # the vision check's ViT (config/vision.py) in images/s
-    python bench.py --help                # the keys and their defaults
+    python annex/bench.py                 # the shape below, on cuda, else mps, else cpu
+    python annex/bench.py --device=cpu --steps=15
+    python annex/bench.py --device=cuda --n_layer=12 --n_embd=768 --n_head=12 --block_size=1024 \\
+        --compile=True
+    python annex/bench.py --vit=True --batch_size=128  # config/vision.py's ViT, in images/s
+    python annex/bench.py --help          # this text, then the keys and their defaults
 """
+import os
 import sys
 import time
 
@@ -16,8 +18,10 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from configurator import configure, plain_globals
-from model import GPT, NORMS, GPTConfig, ViT, ViTConfig, pick_device, precision
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as annex/bench.py
+from annex.vit import ViT, ViTConfig  # noqa: E402
+from configurator import config_keys, configure, pick_device, precision  # noqa: E402
+from model import GPT, NORMS, GPTConfig  # noqa: E402
 
 # -----------------------------------------------------------------------------------------------------------
 n_layer = 4
@@ -29,12 +33,12 @@ bias = False
 batch_size = 8
 steps = 10  # timed steps of each variant; their median is reported
 warmup = 3  # untimed steps first; with compile=True they include the compilation
-device = None  # None = 'cuda' if available, else 'mps', else 'cpu' (model.pick_device)
-dtype = None  # 'float32' or 'bfloat16' (autocast); None = bfloat16 on CUDA when supported, else float32
+device: str | None = None  # None = cuda if available, else mps, else cpu (configurator.pick_device)
+dtype: str | None = None  # 'float32' or 'bfloat16' (autocast); None = bfloat16 on CUDA when supported
 compile = False  # torch.compile each model before timing
 vit = False  # True: the study's ViT (6 layers, 4 heads, width 256, 4x4 patches of 32x32 images) per norm instead
 # -----------------------------------------------------------------------------------------------------------
-DEFAULTS = plain_globals(globals())
+DEFAULTS, OPTIONAL_TYPES = config_keys(globals())
 ATTNS = ('standard', 'diff')
 
 
@@ -76,7 +80,7 @@ class PlainGPT(nn.Module):
 
 
 def main(argv):
-    cfg = configure(DEFAULTS, argv, dict(device=str, dtype=str), __doc__)
+    cfg = configure(DEFAULTS, argv, OPTIONAL_TYPES, __doc__)
     shape = {k: cfg[k] for k in ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size', 'bias')}
     try:
         dev = pick_device(cfg['device'])

@@ -1,14 +1,17 @@
 """
 Downstream evaluation of one or more checkpoints (README "Evaluation"), comparable with lm-evaluation-harness.
 
-  python eval.py out-ln out-dyt --ckpt=best --tasks=lambada,blimp --limit=500 --json=results.json
+  python annex/eval.py out-ln out-dyt --ckpt=best --tasks=lambada,blimp --limit=500 --json=results.json
+  python annex/eval.py out/gpt2_64m_dyt/ckpt.pt --tasks=val --device=cpu
+  python annex/eval.py --help                   # this text, then the keys and their defaults
 
-A run directory stands for its ckpt.pt (--ckpt=latest, the default) or its best.pt (--ckpt=best, the lowest
-val loss); a checkpoint file is evaluated as it is.
+Checkpoint files and run directories come first, then --key=value options. A run directory stands for
+its ckpt.pt (--ckpt=latest, the default) or its best.pt (--ckpt=best, the lowest val loss); a checkpoint
+file is evaluated as it is.
 Tasks (--tasks, comma separated; default all four):
   lambada   OpenAI LAMBADA, 5153 passages, split as lm-evaluation-harness's lambada_openai: context = text
             before its last space, target = " " + last word, and whitespace ending the context moves to the
-            target (a double space or "\n " before the last word is scored); an empty context is EOT.
+            target (a double space or "\\n " before the last word is scored); an empty context is EOT.
             acc = share of passages whose every target token is the greedy argmax given the true prefix;
             ppl = exp(-mean over passages of the target's log-prob).
   blimp     every BLiMP paradigm file (67). A pair is right iff log P(" "+good | EOT) >= log P(" "+bad | EOT):
@@ -27,14 +30,20 @@ unlike the checkpoint is always an error: its data changed since training.
 Perplexity uses consecutive windows of block_size + 1 tokens that share one token at the edges, as in training:
 every token but the first is predicted exactly once, from 1 to block_size tokens of context.
 Contexts longer than block_size are cut from the left. Sequences are sorted by length and batched up to
---batch_tokens tokens, padding included; lm_head runs only where a target token is predicted. --dtype=bfloat16
-(the default on a GPU that has it) runs under autocast as training does; on CUDA float32 matmuls use TF32.
---limit caps the LAMBADA passages, the BLiMP pairs per paradigm and the perplexity windows. LAMBADA and BLiMP
-are downloaded into data/lambada/ and data/blimp/ on first use (data/<name>/prepare.py); --lambada_dir /
---blimp_dir point at copies made elsewhere. --tiktoken_file defaults to the one the run was trained with.
-Progress and notes go to stderr; stdout holds the table, then "wrote FILE" with --json.
+--batch_tokens tokens, padding included (as many sequences as fit, at least one); lm_head runs only where
+a target token is predicted. 8192 holds 8 perplexity windows of GPT-2's 1024 tokens, ~60 LAMBADA passages
+or ~800 BLiMP sentences. Perplexity and BLiMP score nearly every token, so a batch makes up to
+batch_tokens x vocab float32 logits (1.6 GB at 8192 with GPT-2's vocabulary) and a temporary as large:
+lower it if memory runs out. --device=auto picks cuda, else mps, else cpu (or name one: cpu, cuda,
+cuda:1, mps). --dtype=bfloat16 (the default on a GPU that has it) runs under autocast as training does;
+on CUDA float32 matmuls use TF32.
+--limit caps the LAMBADA passages, the BLiMP pairs per paradigm and the perplexity windows. LAMBADA and
+BLiMP are downloaded into data/lambada/ and data/blimp/ on first use (data/<name>/prepare.py);
+--lambada_dir=DIR / --blimp_dir=DIR point at copies made elsewhere. --tiktoken_file defaults to the one
+the run was trained with.
+Progress and notes go to stderr; stdout holds the table, then "wrote FILE" with --json=FILE.
 
---json FILE schema:
+--json=FILE schema:
   {"args": {...the command-line options...},
    "checkpoints": [{"checkpoint": file, "iter_num": int|null, "tokenizer": "gpt2"|"byte", "model_args": {...},
      "skipped": {task: why},
@@ -46,23 +55,41 @@ Progress and notes go to stderr; stdout holds the table, then "wrote FILE" with 
                     "examples_per_s"},
        "val":      {"dataset", "n", "tokens", "loss", "ppl", "seconds", "examples_per_s"}}}]}
 """
-import argparse
 import contextlib
 import math
 import os
 import sys
 import time
 from collections import defaultdict
+from types import SimpleNamespace
 
 import torch
 
-from checkpoint import checkpoint_file, load_checkpoint
-from data.blimp import prepare as blimp
-from data.common import DataError, get_tokenizer, load_meta, load_split, write_json
-from data.lambada import prepare as lambada
-from model import pick_device, precision
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as annex/eval.py
+from checkpoint import checkpoint_file, load_checkpoint  # noqa: E402
+from configurator import config_keys, configure, pick_device, precision, split_args  # noqa: E402
+from data.blimp import prepare as blimp  # noqa: E402
+from data.common import DataError, get_tokenizer, load_meta, load_split, write_json  # noqa: E402
+from data.lambada import prepare as lambada  # noqa: E402
 
 TASKS = ("lambada", "blimp", "wikitext", "val")
+
+# -----------------------------------------------------------------------------------------------------------
+ckpt = "latest"  # a run directory's 'latest' (ckpt.pt) or 'best' (best.pt)
+tasks: str | None = None  # comma-separated subset of TASKS; None = all, skipping those that cannot run
+limit: int | None = None  # LAMBADA passages, BLiMP pairs per paradigm, perplexity windows; None = all
+batch_tokens = 8192  # tokens per forward pass, padding included
+dtype: str | None = None  # 'float32' or 'bfloat16'; None = bfloat16 on a GPU that has it, else float32
+device = "auto"
+json: str | None = None  # also write the results to this file
+lambada_dir: str | None = None  # the folder holding lambada_test.jsonl; None = data/lambada/
+blimp_dir: str | None = None  # the folder of BLiMP's <UID>.jsonl files; None = data/blimp/
+wikitext_dir: str | None = None  # WikiText-103's test.bin and meta.json; None = data/wikitext103/
+dataset: str | None = None  # the val task's dataset; None = the checkpoint's
+data_dir: str | None = None  # the val task's val.bin and meta.json; None = the run's data_dir
+tiktoken_file: str | None = None  # a GPT-2 .tiktoken ranks file; None = the run's own
+# -----------------------------------------------------------------------------------------------------------
+DEFAULTS, OPTIONAL_TYPES = config_keys(globals())
 
 
 def progress(label, done, total, t0):
@@ -131,7 +158,7 @@ def score(model, examples, batch_tokens, device, dtype=torch.float32, label="sco
 def lambada_example(tok, text):
     """(context ids, target ids) of a passage, as lm-evaluation-harness scores lambada_openai: context = the
     text before its last space, target = " " + last word; then (its _encode_pair) whitespace that ends the
-    context moves to the front of the target, so a double space or "\n " before the last word is scored.
+    context moves to the front of the target, so a double space or "\\n " before the last word is scored.
     The target's ids are those of context + target after the context's, also as there."""
     context, word = text.rsplit(" ", 1) if " " in text else ("", text)
     stripped = context.rstrip()
@@ -183,8 +210,8 @@ def eval_perplexity(model, tokens, limit, label, **scoring):
 def check_checkpoint(path, args):
     """Check a checkpoint (on the meta device: no weights are read) and its tokenizer before any data is
     fetched or scored; keeps what planning needs. A run directory becomes its --ckpt file from here on."""
-    path = checkpoint_file(path, args.ckpt)
     try:
+        path = checkpoint_file(path, args.ckpt)  # ValueError: --ckpt is neither latest nor best
         model, ckpt = load_checkpoint(path, device="meta", language_model=True)
         tokenizer = ckpt.get("tokenizer", "gpt2")  # nanoGPT checkpoints predate the field and are all GPT-2 BPE
         tok = get_tokenizer(tokenizer, args.tiktoken_file or ckpt.get("config", {}).get("tiktoken_file"))
@@ -264,13 +291,13 @@ def perplexity_split(task, info, args):
         raise DataError(f"{e}\n(or give the folder holding {split}.bin and meta.json with {option}=DIR)") from None
     # token ids only mean something under the tokenizer the model was trained with
     if have != info["tokenizer"]:
-        fix = (f"rebuild it with: python data/{dataset}/prepare.py --force" if task == "wikitext" else
-               "evaluate on a dataset prepared with it (--dataset=NAME, --data_dir=DIR)")
+        fix = (f"rebuild it with: python data/{dataset}/prepare.py --force=True" if task == "wikitext"
+               else "evaluate on a dataset prepared with it (--dataset=NAME, --data_dir=DIR)")
         raise SystemExit(f"error: dataset '{dataset}' is tokenized with '{have}' but {info['path']} uses "
                          f"'{info['tokenizer']}'; {fix}")
     if len(tokens) < 2:  # load_split refuses empty files; perplexity needs a token to predict and one before
         raise SystemExit(f"error: the {split} split of '{dataset}' has 1 token, perplexity needs 2 or more; "
-                         f"rebuild it with: python data/{dataset}/prepare.py --force")
+                         f"rebuild it with: python data/{dataset}/prepare.py --force=True")
     return dataset, tokens
 
 
@@ -335,45 +362,25 @@ def table(results):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                allow_abbrev=False)
-    p.add_argument("checkpoints", nargs="+", help="checkpoint files or run directories (see --ckpt)")
-    p.add_argument("--ckpt", default="latest", choices=("latest", "best"),
-                   help="which checkpoint of a run directory: latest (ckpt.pt) or best (best.pt, lowest val loss); "
-                   "a file is evaluated as it is")
-    p.add_argument("--tasks", default=None, help="comma-separated subset of " + ",".join(TASKS) + " (default all; "
-                   "then a task whose data is missing is skipped with a note)")
-    p.add_argument("--limit", type=int, default=None, help="LAMBADA passages, BLiMP pairs per paradigm, windows")
-    p.add_argument("--batch_tokens", type=int, default=8192, help="tokens per forward pass, padding included: "
-                   "as many sequences as fit, at least one. 8192 holds 8 perplexity windows of GPT-2's 1024 "
-                   "tokens, ~60 LAMBADA passages or ~800 BLiMP sentences. Perplexity and BLiMP score nearly every "
-                   "token, so a batch makes up to batch_tokens x vocab float32 logits (1.6 GB at 8192 with "
-                   "GPT-2's vocabulary) and a temporary as large: lower it if memory runs out")
-    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
-                   help="bfloat16 runs under autocast, as training did (default: bfloat16 on a GPU that has it, "
-                   "else float32)")
-    p.add_argument("--device", default="auto", help="auto (cuda, else mps, else cpu), cpu, cuda, cuda:1, mps")
-    p.add_argument("--json", default=None, help="also write the results to this file")
-    p.add_argument("--lambada_dir", default=None, help=f"folder holding {lambada.FILE} (default data/lambada/)")
-    p.add_argument("--blimp_dir", default=None, help="folder of BLiMP <UID>.jsonl files (default data/blimp/)")
-    p.add_argument("--wikitext_dir", default=None, help="folder with WikiText-103's test.bin and meta.json "
-                   "(default data/wikitext103/)")
-    p.add_argument("--dataset", default=None, help="dataset for the val task (default: the checkpoint's)")
-    p.add_argument("--data_dir", default=None, help="folder with the val task's val.bin and meta.json "
-                   "(default: the checkpoint's data_dir, else data/<dataset>/)")
-    p.add_argument("--tiktoken_file", default=None, help="GPT-2 .tiktoken ranks file (default: the run's own)")
-    args = p.parse_args(argv)
+    """The checkpoints (positional arguments) and the --key=value options, checked, in one namespace."""
+    paths, options = split_args(argv)
+    args = SimpleNamespace(checkpoints=paths, **configure(DEFAULTS, options, OPTIONAL_TYPES, __doc__))
+    if not paths:
+        raise SystemExit("usage: python annex/eval.py CHECKPOINT_OR_RUN_DIR [...] [--key=value ...] "
+                         "(--help lists the keys)")
+    if args.dtype not in (None, "float32", "bfloat16"):
+        raise SystemExit(f"error: dtype={args.dtype!r} is not known; use 'float32' or 'bfloat16'")
     args.explicit = args.tasks is not None  # tasks named by the user must all run
     args.tasks = [t.strip() for t in (args.tasks or ",".join(TASKS)).split(",") if t.strip()]
     unknown = [t for t in args.tasks if t not in TASKS]
     if unknown or not args.tasks:
-        p.error(f"unknown task(s) {unknown}; choose from {','.join(TASKS)}")
+        raise SystemExit(f"error: unknown task(s) {unknown}; choose from {','.join(TASKS)}")
     if args.limit is not None and args.limit < 1 or args.batch_tokens < 1:
-        p.error("--limit and --batch_tokens must be positive")
+        raise SystemExit("error: --limit and --batch_tokens must be positive")
     return args
 
 
-def main(argv=None):
+def main(argv):
     args = parse_args(argv)
     try:
         args.device = pick_device(args.device)
@@ -399,4 +406,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -37,8 +37,8 @@ def param_count(config):
 def activation_bytes(config, batch_size, dtype=torch.bfloat16, bf16_weights=False, compile=False):
     """Bytes of the tensors kept for backward by one training forward pass of batch_size x block_size tokens.
 
-    Counted tensor by tensor from what each op of model.py saves (PyTorch's autograd formulas), checked in
-    tests/test_memory.py against the storages that autograd actually keeps on CPU. Assumptions:
+    Counted tensor by tensor from what each op of model.py saves (PyTorch's autograd formulas), checked
+    in annex/tests/test_memory.py against the storages that autograd actually keeps on CPU. Assumptions:
     - Attention runs in a flash / memory-efficient SDPA kernel: it keeps q, k, v, its output and the
       logsumexp (H floats per token), never the T x T matrix; its dropout mask is regenerated, not kept.
     - dtype=torch.bfloat16 is autocast: matmul inputs/outputs are bf16 (2 bytes); layer_norm and the cross

@@ -1,6 +1,6 @@
 # The study in miniature, on a CPU: LayerNorm against DyT at three data budgets, two seeds, about 16 minutes on
 # 2 cores, and the sign flip shows (README, "The CPU miniature"):
-#   python study.py run config/grid_mini.py && python study.py report out/grid_mini
+#   python annex/study.py run config/grid_mini.py && python annex/study.py report out/grid_mini
 # train.py's default model and corpus (4 layers, 4 heads, width 128, block 128, batch 16, lr 2e-3 after 30
 # warmup steps, emb_init_std 0.3; the offline pydocs corpus, bytes) for 500 steps: 1.0M tokens seen, i.e. 100
 # epochs of the 10K budget, 10 of 100K and 0.55 of the whole 1.86M-token split. Keys: see config/grid_64m.py.

@@ -1,6 +1,7 @@
 # The vision check as a grid: LayerNorm, DyT at alpha0 0.5 / 1 / 2 and Derf at 0.5 on config/vision.py's ViT
 # recipe (100 CIFAR-10 epochs each; the study: LN 72.4%, DyT 0.5 81.2%, DyT 2.0 33.3%). Keys: see config/grid_64m.py.
-#   python data/cifar10/prepare.py && python study.py run config/grid_vit.py && python study.py report out/grid_vit
+#   python data/cifar10/prepare.py && python annex/study.py run config/grid_vit.py
+#   python annex/study.py report out/grid_vit
 # The report's accuracy column is test accuracy; its saturation screening rule is the language study's.
 scales = {'vit': 'config/vit_cifar10_ln.py'}
 budgets = [None]  # all 50,000 train images

@@ -1,4 +1,4 @@
-# The study's vision recipe (Verma 2026, after the DyT paper's vision setting; README "Vision: a ViT on CIFAR-10"),
+# The study's vision recipe (Verma 2026, after the DyT paper's vision setting; docs/vision.md),
 # shared by config/vit_cifar10_*.py: a ViT of 6 layers, 4 heads, width 256 on 4x4 patches with a class token
 # (4.8M parameters), 100 epochs of CIFAR-10's 50,000 train images, batch 128, AdamW lr 1e-3, weight decay 0.05,
 # cosine to 0, random crop (zero padding 4) and horizontal flip. train.py builds a ViT because the data are images:

@@ -1,7 +1,8 @@
 """
-What every script reads and writes of the data: the two tokenizers, the flat uint16 token files
-(data/<dataset>/{train,val,test}.bin + meta.json), and files written atomically. The prepare scripts' own
-tools (the downloader, tokenizing to files, their command line) are in data/prepare_tools.py.
+What every script reads and writes of the data: the two tokenizers; the flat uint16 token files
+(data/<dataset>/{train,val,test}.bin + meta.json); the windows train.py trains on, and how a step's windows
+are shared out over processes; files written atomically. The prepare scripts' own tools (the downloader,
+tokenizing large texts, their command line) are in data/prepare_tools.py.
 """
 import functools
 import hashlib
@@ -76,7 +77,7 @@ def _gpt2(path):
     import tiktoken.load
     from tiktoken_ext.openai_public import r50k_pat_str  # the installed tiktoken's own GPT-2 regex
     how = (f"Get {GPT2_RANKS_URL} (sha256 {GPT2_RANKS_SHA256}) on a machine with internet, copy it here and "
-           f"pass --tiktoken_file PATH or set {TIKTOKEN_ENV}=PATH.")
+           f"pass --tiktoken_file=PATH or set {TIKTOKEN_ENV}=PATH.")
     if path is None:
         try:
             return Tokenizer("gpt2", tiktoken.get_encoding("gpt2"))
@@ -95,10 +96,10 @@ def _gpt2(path):
     return Tokenizer("gpt2", enc)
 
 
-# ----------------------------------------------------------------------------- token files, meta.json, run files
+# ----------------------------------------------------------------------------- token files and meta.json
 
 FOLDER_FORMAT = ("a data folder holds train.bin and val.bin (token ids as raw uint16) and meta.json "
-                 '{"tokenizer": "byte" or "gpt2", "vocab_size": int} (README "Data")')
+                 '{"tokenizer": "byte" or "gpt2", "vocab_size": int} (docs/data.md)')
 
 
 def how_to_prepare(dataset, data_dir):
@@ -125,18 +126,44 @@ def load_split(dataset, split, data_dir=None):
     return np.memmap(path, dtype=np.uint16, mode="r")
 
 
+def load_meta(dataset, data_dir=None):
+    """meta.json of a dataset, with its kind: "tokens" (tokenizer and vocab_size checked) or "images"."""
+    path = os.path.join(data_dir or os.path.join(DATA_DIR, dataset), "meta.json")
+    if not os.path.exists(path):
+        raise DataError(f"{path} not found. " + how_to_prepare(dataset, data_dir))
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except ValueError as e:
+        raise DataError(f"{path} is not valid JSON ({e}). " + (FOLDER_FORMAT if data_dir else
+                        f"Rebuild with: python data/{dataset}/prepare.py --force=True")) from e
+    if not isinstance(meta, dict):
+        raise DataError(f"{path} must hold a JSON object; {FOLDER_FORMAT}")
+    meta["kind"] = meta.get("kind") or ("images" if "train_images" in meta else "tokens")
+    if meta["kind"] == "images":  # CIFAR-10's folder (data/cifar10/prepare.py)
+        return meta
+    if meta.get("tokenizer") not in ("byte", "gpt2"):
+        raise DataError(f"{path}: 'tokenizer' must be \"byte\" or \"gpt2\", got {meta.get('tokenizer')!r}; "
+                        + FOLDER_FORMAT)
+    if type(meta.get("vocab_size")) is not int or meta["vocab_size"] < 1:
+        raise DataError(f"{path}: 'vocab_size' must be a positive int, got {meta.get('vocab_size')!r}; "
+                        + FOLDER_FORMAT)
+    return meta
+
+
 def random_windows(n_tokens, count, length, seed=1337):
-    """Start offsets of `count` windows of `length` tokens, uniform inside the first n_tokens, from a fixed seed.
-    train.py (saturation during training) and analyze.py draw them alike, and the first k offsets do not
+    """Start offsets of `count` windows of `length` tokens, uniform inside the first n_tokens, from a fixed
+    seed. train.py (saturation during training) and analyze.py draw them alike, and the first k offsets do not
     depend on `count`, so both measure on the same windows."""
     if n_tokens < length:
-        raise DataError(f"{n_tokens:,} tokens are too few for windows of {length} tokens; use a smaller block_size")
+        raise DataError(f"{n_tokens:,} tokens are too few for windows of {length} tokens; use a smaller "
+                        "block_size")
     return np.random.default_rng(seed).integers(0, n_tokens - length + 1, size=count)
 
 
 def unigram_entropy(tokens, chunk=1 << 24):
-    """Entropy in nats of the token frequencies: the loss of a model that predicts only how common each token is
-    (what a collapsed model does). Counted in chunks, so a 118M-token budget needs no big copy."""
+    """Entropy in nats of the token frequencies: the loss of a model that predicts only how common each token
+    is (what a collapsed model does). Counted in chunks, so a 118M-token budget needs no big copy."""
     counts = np.zeros(1, dtype=np.int64)
     for k in range(0, len(tokens), chunk):
         c = np.bincount(np.asarray(tokens[k:k + chunk]))
@@ -146,14 +173,17 @@ def unigram_entropy(tokens, chunk=1 << 24):
     return float(-(p * np.log(p)).sum())
 
 
+
+# ----------------------------------------------------------------------------- what train.py trains on
+
 def derived_seed(*parts):
-    """A seed determined by all of its parts (run seed, purpose, step...): independent reproducible streams."""
+    """A seed determined by all its parts (run seed, purpose, step...): independent reproducible streams."""
     return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), 'little') >> 1
 
 
 def micro_batches(n, world, rank, batch_size):
-    """This process's share of n samples as (first, count) micro-batches. Shares differ by one sample at most
-    and every process runs the same number of micro-batches (FSDP's collectives need that), of <= batch_size."""
+    """This process's share of n samples as (first, count) micro-batches of <= batch_size. Shares differ by
+    one sample at most and every process runs as many micro-batches (FSDP's collectives need that)."""
     lo, hi = rank * n // world, (rank + 1) * n // world
     count = -(-(-(-n // world)) // batch_size)  # ceil(ceil(n / world) / batch_size)
     bounds = [lo + (hi - lo) * k // count for k in range(count + 1)]
@@ -161,17 +191,18 @@ def micro_batches(n, world, rank, batch_size):
 
 
 class TokenData:
-    """Windows of block_size tokens of the budget (the train split's first tokens), the next tokens as targets.
-    A step's windows are a function of (seed, step) alone, so a resumed or multi-process run sees the batches of
-    an uninterrupted single-process one. The eval windows are fixed: on train, those analyze.py measures
-    saturation on; on val, spread evenly."""
+    """Windows of block_size tokens of the budget (the train split's first tokens), the next tokens as
+    targets. A step's windows are a function of (seed, step) alone, so a resumed or multi-process run sees the
+    batches of an uninterrupted single-process one. The eval windows are fixed: on train, those analyze.py
+    measures saturation on; on val, spread evenly."""
     unit, predicted = 'tokens', 'token'
 
     def __init__(self, train, val, block_size, eval_count, eval_seed):
         self.train, self.val, self.block_size = train, val, block_size
         self.n_train, self.per_sample = len(train), block_size
         self.entropy = unigram_entropy(train)  # the loss of predicting token frequencies only (a collapse)
-        self.eval_ids = {'train': torch.from_numpy(random_windows(len(train), eval_count, block_size + 1, eval_seed)),
+        train_ids = random_windows(len(train), eval_count, block_size + 1, eval_seed)
+        self.eval_ids = {'train': torch.from_numpy(train_ids),
                          'val': torch.linspace(0, len(val) - block_size - 1, eval_count).long()}
 
     def draw(self, seed, step, count):
@@ -192,32 +223,44 @@ def to_device(t, device):
     return t.to(device)
 
 
-def load_meta(dataset, data_dir=None):
-    """meta.json of a dataset, with its 'kind': 'tokens' (its 'tokenizer' and 'vocab_size' checked) or 'images'."""
-    path = os.path.join(data_dir or os.path.join(DATA_DIR, dataset), "meta.json")
-    if not os.path.exists(path):
-        raise DataError(f"{path} not found. " + how_to_prepare(dataset, data_dir))
+def open_data(cfg, env, eval_seed):
+    """train.py's data: (meta.json, TokenData, or annex/vit.py's ImageData for images), every size checked and
+    vocab_size set; the default corpus is built on first use."""
     try:
-        with open(path) as f:
-            meta = json.load(f)
-    except ValueError as e:
-        raise DataError(f"{path} is not valid JSON ({e}). " + (FOLDER_FORMAT if data_dir else
-                        f"Rebuild with: python data/{dataset}/prepare.py --force=True")) from e
-    if not isinstance(meta, dict):
-        raise DataError(f"{path} must hold a JSON object; {FOLDER_FORMAT}")
-    meta["kind"] = meta.get("kind") or ("images" if "train_images" in meta else "tokens")
-    if meta["kind"] == "images":  # CIFAR-10's folder (data/cifar10/prepare.py)
-        return meta
-    if meta.get("tokenizer") not in ("byte", "gpt2"):
-        raise DataError(f"{path}: 'tokenizer' must be \"byte\" or \"gpt2\", got {meta.get('tokenizer')!r}; {FOLDER_FORMAT}")
-    if type(meta.get("vocab_size")) is not int or meta["vocab_size"] < 1:
-        raise DataError(f"{path}: 'vocab_size' must be a positive int, got {meta.get('vocab_size')!r}; {FOLDER_FORMAT}")
-    return meta
+        if cfg.dataset == 'pydocs' and cfg.data_dir is None and not os.path.exists(
+                os.path.join(DATA_DIR, 'pydocs', 'meta.json')):
+            if env.master:
+                from data.pydocs.prepare import prepare
+                prepare()
+            if env.ddp:
+                torch.distributed.barrier()
+        meta, eval_count = load_meta(cfg.dataset, cfg.data_dir), cfg.eval_iters * cfg.batch_size
+        if meta['kind'] == 'images':
+            vit = annex('vit', f'dataset {cfg.dataset!r} (images, for a ViT)')
+            return vit.open_images(cfg.dataset, cfg.data_dir, eval_count, eval_seed)
+        train, val = (load_split(cfg.dataset, s, data_dir=cfg.data_dir) for s in ('train', 'val'))
+        n_train = len(train) if cfg.train_tokens is None else cfg.train_tokens  # the data budget
+        val = val[:cfg.val_tokens]
+        if not cfg.block_size < n_train <= len(train):
+            raise DataError(f'train_tokens={cfg.train_tokens} must be between block_size+1 '
+                            f'({cfg.block_size + 1}) and the size of the train split ({len(train):,} tokens)')
+        if len(val) <= cfg.block_size:
+            raise DataError(f'the val split ({len(val):,} tokens, val_tokens={cfg.val_tokens}) is shorter '
+                            f'than block_size+1 ({cfg.block_size + 1})')
+    except DataError as e:
+        raise SystemExit(f'error: {e}') from None
+    if cfg.vocab_size is None:
+        cfg.vocab_size = -(-meta['vocab_size'] // 64) * 64
+    elif cfg.vocab_size < meta['vocab_size']:
+        raise SystemExit(f"error: vocab_size={cfg.vocab_size} is smaller than the dataset's vocabulary "
+                         f"({meta['vocab_size']} in meta.json); use vocab_size=None (padded automatically)")
+    return meta, TokenData(train[:n_train], val, cfg.block_size, eval_count, eval_seed)
 
+# ----------------------------------------------------------------------------- files of a run
 
 def read_log(path, keep):
-    """The parseable records of a JSON-lines file (train.py's log.jsonl) that satisfy keep(record); a torn last
-    line is dropped."""
+    """The parseable records of a JSON-lines file (train.py's log.jsonl) that satisfy keep(record); a torn
+    last line is dropped."""
     records = []
     if os.path.exists(path):
         with open(path) as f:
@@ -254,48 +297,3 @@ def atomic_write(path, write):
 def write_json(path, obj):
     """Write `obj` as JSON to `path` atomically."""
     atomic_write(path, lambda f: f.write((json.dumps(obj, indent=2) + "\n").encode()))
-
-
-
-
-def open_tokens(dataset, data_dir, block_size, train_tokens, val_tokens, eval_count, eval_seed):
-    """(meta.json, TokenData) of a prepared token dataset: train_tokens is the budget (the train split's first
-    tokens; None = all), val_tokens the val prefix (None = all); every size checked (DataError otherwise)."""
-    meta = load_meta(dataset, data_dir)
-    train, val = (load_split(dataset, s, data_dir=data_dir) for s in ("train", "val"))
-    n_train = len(train) if train_tokens is None else train_tokens
-    if not block_size < n_train <= len(train):
-        raise DataError(f"train_tokens={train_tokens} must be between block_size+1 ({block_size + 1}) "
-                        f"and the size of the train split ({len(train):,} tokens)")
-    val = val[:val_tokens]
-    if len(val) <= block_size:
-        raise DataError(f"the val split ({len(val):,} tokens, val_tokens={val_tokens}) is shorter than "
-                        f"block_size+1 ({block_size + 1})")
-    return meta, TokenData(train[:n_train], val, block_size, eval_count, eval_seed)
-
-
-def open_data(cfg, env, eval_seed):
-    """train.py's data: (meta.json, TokenData, or annex/vit.py's ImageData for images), its vocab_size key set;
-    the default corpus built on first use."""
-    try:
-        if cfg.dataset == 'pydocs' and cfg.data_dir is None and not os.path.exists(
-                os.path.join(DATA_DIR, 'pydocs', 'meta.json')):
-            if env.master:
-                from data.pydocs.prepare import prepare
-                prepare()
-            if env.ddp:
-                torch.distributed.barrier()
-        eval_count = cfg.eval_iters * cfg.batch_size
-        if load_meta(cfg.dataset, cfg.data_dir)['kind'] == 'images':
-            vit = annex('vit', f'dataset {cfg.dataset!r} (images, for a ViT)')
-            return vit.open_images(cfg.dataset, cfg.data_dir, eval_count, eval_seed)
-        meta, data = open_tokens(cfg.dataset, cfg.data_dir, cfg.block_size, cfg.train_tokens, cfg.val_tokens,
-                                 eval_count, eval_seed)
-    except DataError as e:
-        raise SystemExit(f'error: {e}') from None
-    if cfg.vocab_size is None:
-        cfg.vocab_size = -(-meta['vocab_size'] // 64) * 64
-    elif cfg.vocab_size < meta['vocab_size']:
-        raise SystemExit(f"error: vocab_size={cfg.vocab_size} is smaller than the dataset's vocabulary "
-                         f"({meta['vocab_size']} in meta.json); use vocab_size=None (padded automatically)")
-    return meta, data

@@ -1,4 +1,5 @@
-"""Fixtures and helpers shared by tests/ and annex/tests/ (each conftest.py imports the fixtures from here)."""
+"""Fixtures and helpers shared by tests/ and annex/tests/ (each conftest.py imports the fixtures from
+here)."""
 import json
 import os
 from unittest import mock
@@ -6,6 +7,8 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
+
+from model import GPTConfig
 
 
 def gpt2_offline():
@@ -26,14 +29,16 @@ def gpt2_offline():
 
 HAVE_GPT2, GPT2_RANKS = gpt2_offline()
 needs_gpt2 = pytest.mark.skipif(not HAVE_GPT2, reason=(
-    "needs GPT-2's BPE offline: set NANONORM_TIKTOKEN_FILE to a GPT-2 ranks file (README 'Data'), or fill "
-    "tiktoken's cache once with internet: python -c \"import tiktoken; tiktoken.get_encoding('gpt2')\""))
+    "needs GPT-2's BPE offline: set NANONORM_TIKTOKEN_FILE to a GPT-2 ranks file (README 'Data'), or "
+    "fill tiktoken's cache once with internet: "
+    "python -c \"import tiktoken; tiktoken.get_encoding('gpt2')\""))
 
 
 @pytest.fixture(scope='session', autouse=True)
 def one_thread():
-    """The test models are tiny: one thread is faster, and immune to a second thread being descheduled on a
-    busy machine (which made each op wait ~10 ms). Subprocesses (torchrun, CLI runs) keep their own default."""
+    """The test models are tiny: one thread is faster, and immune to a second thread being descheduled on
+    a busy machine (which made each op wait ~10 ms). Subprocesses (torchrun, CLI runs) keep their own
+    default."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -42,8 +47,8 @@ def one_thread():
 
 @pytest.fixture(scope='session')
 def data_dir(tmp_path_factory):
-    """A learnable token stream (train.py and study.py tests): next token = perm[token] 90% of the time, else
-    uniform (vocabulary 60, padded to 64); 25,000 train and 5,001 val tokens."""
+    """A learnable token stream (train.py and study.py tests): next token = perm[token] 90% of the time,
+    else uniform (vocabulary 60, padded to 64); 25,000 train and 5,001 val tokens."""
     d = tmp_path_factory.mktemp('tinydata')
     rng = np.random.default_rng(0)
     perm = rng.permutation(60)
@@ -53,5 +58,38 @@ def data_dir(tmp_path_factory):
     tokens = np.array(tokens, dtype=np.uint16)
     tokens[:25_000].tofile(d / 'train.bin')
     tokens[25_000:].tofile(d / 'val.bin')
-    (d / 'meta.json').write_text(json.dumps({'tokenizer': 'byte', 'vocab_size': 60, 'train_tokens': 25_000}))
+    meta = {'tokenizer': 'byte', 'vocab_size': 60, 'train_tokens': 25_000}
+    (d / 'meta.json').write_text(json.dumps(meta))
     return str(d)
+
+
+def tiny(**kw):
+    """A GPTConfig small enough for exact float64 checks: 2 layers, 4 heads of 8, block 16, vocabulary
+    64."""
+    args = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=False)
+    args.update(kw)
+    return GPTConfig(**args)
+
+
+@torch.no_grad()
+def randomize(model, seed=0):
+    """Give every parameter that starts at 1, 0 or a constant (norm weights and biases, DyT/Derf alpha,
+    Derf shift, lambdas, the sub-norm weight, embed_scale) a random value so a wrong use of it changes
+    the output, and make token embeddings O(1) so norms, tanh and the clip operate in their non-linear
+    range."""
+    g = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        r = torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype)
+        if name == 'transformer.wte.weight':
+            p.mul_(40.0)  # std 0.8
+        elif p.dim() >= 2:
+            continue
+        elif name.endswith('alpha') or name == 'embed_scale':
+            p.copy_(0.5 + r.abs())
+        elif 'lambda_' in name or name.endswith('shift'):
+            p.copy_(0.3 * r)
+        elif name.endswith('bias'):
+            p.copy_(0.1 * r)
+        else:
+            p.copy_(1.0 + 0.3 * r)
+    return model

@@ -1,4 +1,5 @@
-"""analyze.py: power-law fit, effective rank, spectra, saturation, and every command end to end on tiny checkpoints."""
+"""analyze.py: power-law fit, effective rank, spectra, saturation, and every command end to end on tiny
+checkpoints (--plot draws with annex/plots.py)."""
 import importlib.util
 import json
 import math
@@ -10,17 +11,18 @@ import torch
 
 import analyze
 import model as M
+import norm_stats
 from checkpoint import load_checkpoint
 from data.common import random_windows
 
 
-# ---------------------------------------------------------------------------------------------- power-law fit
+# ----------------------------------------------------------------------------------------- power-law fit
 
 @pytest.mark.parametrize("alpha", [2.0, 3.0, 4.0])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_pareto_exponent_recovered(alpha, seed):
-    # p(x) ~ x^-alpha for x >= 1. Stated tolerance: 0.1 * (alpha - 1), about 4 standard errors of the MLE at this
-    # size (measured over 50 seeds: sd = 0.023 * (alpha - 1)).
+    # p(x) ~ x^-alpha for x >= 1. Stated tolerance: 0.1 * (alpha - 1), about 4 standard errors of the MLE
+    # at this size (measured over 50 seeds: sd = 0.023 * (alpha - 1)).
     x = np.random.default_rng(seed).pareto(alpha - 1, 4000) + 1
     fit = analyze.fit_powerlaw(x)
     assert abs(fit["alpha"] - alpha) <= 0.1 * (alpha - 1)
@@ -45,7 +47,7 @@ def test_chosen_xmin_minimises_ks_distance_brute_force():
         n = len(tail)
         alpha = 1 + n / sum(math.log(t / xmin) for t in tail)
         D = 0.0
-        for k, t in enumerate(tail):                 # empirical CDF of the k-th tail point (k from 0): k / n
+        for k, t in enumerate(tail):  # empirical CDF of the k-th tail point (k from 0): k / n
             D = max(D, abs((1 - (t / xmin) ** (1 - alpha)) - k / n))
         if best is None or D < best[0]:
             best = (D, xmin, alpha, n)
@@ -61,11 +63,12 @@ def test_fit_ignores_zero_eigenvalues_and_rejects_too_few():
     assert analyze.fit_powerlaw([0.0, 0.0, 1.0, 2.0]) is None
 
 
-# ---------------------------------------------------------------------------------------------- effective rank
+# ---------------------------------------------------------------------------------------- effective rank
 
 def test_effective_rank_identity_rank1_and_closed_form():
     n = 37
-    assert analyze.effective_rank(torch.linalg.svdvals(torch.eye(n, dtype=torch.float64))) == pytest.approx(n)
+    eye = torch.eye(n, dtype=torch.float64)
+    assert analyze.effective_rank(torch.linalg.svdvals(eye)) == pytest.approx(n)
     u, v = torch.randn(40, 1, dtype=torch.float64), torch.randn(1, 30, dtype=torch.float64)
     assert analyze.effective_rank(torch.linalg.svdvals(u @ v)) == pytest.approx(1.0, abs=1e-6)
     # Singular values (3, 1): p = (3/4, 1/4), entropy = ln 4 - (3/4) ln 3, so erank = 4 / 3^(3/4).
@@ -92,8 +95,9 @@ def test_batched_eigenvalues_and_spectra_figures():
         lay = sp["layers"][name]
         assert lay["num_evals"] == min(W.shape) and lay["shape"] == list(W.shape)
         assert lay["lambda_max"] == pytest.approx(np.linalg.norm(w, 2) ** 2, rel=1e-9)
-        assert lay["stable_rank"] == pytest.approx(np.linalg.norm(w, "fro") ** 2 / np.linalg.norm(w, 2) ** 2, rel=1e-9)
-        assert lay["alpha_weighted"] == pytest.approx(lay["alpha"] * math.log10(np.linalg.norm(w, 2) ** 2), rel=1e-9)
+        top = np.linalg.norm(w, 2) ** 2
+        assert lay["stable_rank"] == pytest.approx(np.linalg.norm(w, "fro") ** 2 / top, rel=1e-9)
+        assert lay["alpha_weighted"] == pytest.approx(lay["alpha"] * math.log10(top), rel=1e-9)
     alphas = sorted(sp["layers"][n]["alpha"] for n in mats)
     assert sp["mean_alpha"] == pytest.approx(sum(alphas) / 4)
     assert sp["median_alpha"] == pytest.approx((alphas[1] + alphas[2]) / 2)
@@ -104,8 +108,8 @@ def test_float64_work_goes_to_the_cpu_for_apple_gpus(monkeypatch):
     assert analyze.float64_device("mps") == analyze.float64_device("mps:0") == torch.device("cpu")
     assert analyze.float64_device("cuda:1") == torch.device("cuda:1")
     assert analyze.float64_device(torch.device("cpu")) == torch.device("cpu")
-    # No MPS here: check that both float64 paths (spectra, block-output Grams) ask where to work, with the
-    # model's device, and compute there.
+    # No MPS here: check that both float64 paths (spectra, block-output Grams) ask where to work, with
+    # the model's device, and compute there.
     asked = []
 
     def spy(device):
@@ -131,19 +135,20 @@ def test_weight_filters_follow_eigenvalue_count():
     assert keep == {}
 
 
-# ---------------------------------------------------------------------------------------------- saturation
+# -------------------------------------------------------------------------------------------- saturation
 
 THRESHOLDS = [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
 
 
 def hooked_saturation(model, windows, batch_size):
-    """The study's definition, computed independently: hook every DyT layer and record alpha*x; per batch, pool
-    all layers and take the fraction above t; mean over (equal-sized) batches. Per layer: its pooled fraction."""
+    """The study's definition, computed independently: hook every DyT layer and record alpha*x; per
+    batch, pool all layers and take the fraction above t; mean over (equal-sized) batches. Per layer: its
+    pooled fraction."""
     assert len(windows) % batch_size == 0
     seen = {}
     dyts = [(n, m) for n, m in model.named_modules() if isinstance(m, M.DyT)]
-    hooks = [m.register_forward_hook(lambda m, i, o, n=n: seen.setdefault(n, []).append((m.alpha * i[0]).detach()))
-             for n, m in dyts]
+    hooks = [m.register_forward_hook(
+        lambda m, i, o, n=n: seen.setdefault(n, []).append((m.alpha * i[0]).detach())) for n, m in dyts]
     with torch.no_grad():
         for k in range(0, len(windows), batch_size):
             model(windows[k:k + batch_size])
@@ -152,8 +157,8 @@ def hooked_saturation(model, windows, batch_size):
     batches = len(windows) // batch_size
     per_batch = [[np.mean(np.concatenate([seen[n][b].abs().flatten().numpy() for n, _ in dyts]) > t)
                   for t in THRESHOLDS] for b in range(batches)]
-    layers = {n: [np.mean(np.concatenate([a.abs().flatten().numpy() for a in seen[n]]) > t) for t in THRESHOLDS]
-              for n, _ in dyts}
+    layers = {n: [np.mean(np.concatenate([a.abs().flatten().numpy() for a in seen[n]]) > t)
+                  for t in THRESHOLDS] for n, _ in dyts}
     return np.mean(per_batch, axis=0), layers
 
 
@@ -168,9 +173,9 @@ def test_saturation_equals_hooked_alpha_x():
     torch.manual_seed(0)
     model = M.GPT(M.GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, norm="dyt",
                               dyt_alpha=2.0))
-    with torch.no_grad():   # inputs of order 1 and a different alpha per layer, so that the fractions differ
+    with torch.no_grad():  # inputs of order 1 and an alpha per layer, so that the fractions differ
         model.transformer.wte.weight.mul_(50)
-        for k, (_, layer) in enumerate(model.norm_layers()):
+        for k, (_, layer) in enumerate(norm_stats.norm_layers(model)):
             layer.alpha.fill_(0.5 + 0.5 * k)
     windows = analyze.sample_windows(np.arange(1000, dtype=np.uint16) % 64, 6, 16, seed=5)
     want_global, want_layers = hooked_saturation(model, windows, batch_size=3)
@@ -184,7 +189,8 @@ def test_saturation_equals_hooked_alpha_x():
 
 def test_block_output_effective_rank_matches_direct_svd():
     torch.manual_seed(1)
-    model = M.GPT(M.GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, norm="rmsnorm"))
+    model = M.GPT(M.GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64,
+                              norm="rmsnorm"))
     windows = analyze.sample_windows(np.arange(500, dtype=np.uint16) % 64, 5, 16, seed=0)
     outs = {}
     hooks = [b.register_forward_hook(lambda m, i, o, k=k: outs.setdefault(k, []).append(o.detach()))
@@ -211,7 +217,7 @@ def test_alpha_against_inverse_std_pearson():
     assert got["pearson"] == pytest.approx(pearson([1.0, 2.0, 4.0], [1.0, 4.0, 2.0]))
 
 
-# ---------------------------------------------------------------------------------------------- command line
+# ------------------------------------------------------------------------------------------ command line
 
 VOCAB = 300
 
@@ -221,24 +227,27 @@ def dataset(tmp_path):
     d = tmp_path / "tiny"
     d.mkdir()
     np.random.default_rng(0).integers(0, VOCAB, 4000).astype(np.uint16).tofile(d / "train.bin")
-    (d / "meta.json").write_text(json.dumps({"tokenizer": "byte", "vocab_size": VOCAB, "train_tokens": 4000}))
+    meta = {"tokenizer": "byte", "vocab_size": VOCAB, "train_tokens": 4000}
+    (d / "meta.json").write_text(json.dumps(meta))
     return d
 
 
 def make_ckpt(tmp_path, name, data_dir, **cfg):
-    """A checkpoint in train.py's format, written here so that the test does not depend on train.py. DyT alphas
-    are drawn at random (as after training they differ per layer), so that their correlation is defined."""
+    """A checkpoint in train.py's format, written here so that the test does not depend on train.py. DyT
+    alphas are drawn at random (as after training they differ per layer), so that their correlation is
+    defined."""
     args = dict(n_layer=2, n_head=2, n_embd=64, block_size=16, vocab_size=VOCAB, bias=False, **cfg)
     torch.manual_seed(0)
     model = M.GPT(M.GPTConfig(**args))
     with torch.no_grad():
-        for _, layer in model.norm_layers():
+        for _, layer in norm_stats.norm_layers(model):
             if isinstance(layer, M.DyT):
                 layer.alpha.uniform_(0.5, 3.0)
     out = tmp_path / name
     out.mkdir()
-    torch.save(dict(model=model.state_dict(), optimizer={}, model_args=args, iter_num=7, best_val_loss=5.0,
-                    best_iter=7, tokenizer="byte", config=dict(dataset="tiny", data_dir=str(data_dir))),
+    torch.save(dict(model=model.state_dict(), optimizer={}, model_args=args, iter_num=7,
+                    best_val_loss=5.0, best_iter=7, tokenizer="byte",
+                    config=dict(dataset="tiny", data_dir=str(data_dir))),
                out / "ckpt.pt")
     return out
 
@@ -247,7 +256,8 @@ NORMS = dict(ln=dict(norm="layernorm"), rms=dict(norm="rmsnorm"), hardtanh=dict(
              dyt=dict(norm="dyt", dyt_alpha=2.0, attn="diff", mlp="swiglu", pos="rope"))
 SECTIONS = dict(saturation=["saturation"], spectra=["spectra"], rank=["rank"], alpha=["alpha"],
                 all=["saturation", "spectra", "rank", "alpha"])
-LAYER_FIELDS = {"shape", "num_evals", "alpha", "xmin", "D", "num_tail", "lambda_max", "alpha_weighted", "stable_rank"}
+LAYER_FIELDS = {"shape", "num_evals", "alpha", "xmin", "D", "num_tail", "lambda_max", "alpha_weighted",
+                "stable_rank"}
 
 
 @pytest.mark.parametrize("command", list(SECTIONS))
@@ -259,7 +269,8 @@ def test_every_command_runs_and_json_holds_documented_fields(tmp_path, dataset, 
     doc = json.loads(js.read_text())
     assert doc["schema"] == "nanonorm-analysis/1" and doc["command"] == command
     (c,) = doc["checkpoints"]
-    assert {"label", "path", "iter_num", "dataset", "norm", "model_args"} <= set(c) and c["iter_num"] == 7
+    assert {"label", "path", "iter_num", "dataset", "norm", "model_args"} <= set(c)
+    assert c["iter_num"] == 7
     for section in ("saturation", "spectra", "rank", "alpha"):
         assert (section in c) == (section in SECTIONS[command])
     text = capsys.readouterr().out
@@ -278,11 +289,13 @@ def test_every_command_runs_and_json_holds_documented_fields(tmp_path, dataset, 
             assert {n: l["alpha"] for n, l in s["layers"].items()} == pytest.approx(alphas)
         else:   # the note first, then the input std table; no empty saturation table
             assert s["global"] is None and s["global_at_2"] is None
-            note = text.index(f"{norm}: no DyT/Derf layer: saturation is defined for point-wise norm layers only")
+            note = text.index(f"{norm}: no DyT/Derf layer: saturation is defined for point-wise norm "
+                              "layers only")
             assert "fraction of |alpha*x|" not in text and note < text.index("input std per norm layer")
     if "spectra" in c:
         sp = c["spectra"]
-        # 64 eigenvalues each: attention and MLP matrices (SwiGLU adds c_up) and wte (300 x 64); wpe is 16 x 64.
+        # 64 eigenvalues each: attention and MLP matrices (SwiGLU adds c_up) and wte (300 x 64); wpe is
+        # 16 x 64.
         assert len(sp["layers"]) == 2 * (5 if is_dyt else 4) + 1
         assert all(set(l) == LAYER_FIELDS and l["num_evals"] == 64 for l in sp["layers"].values())
         assert ("transformer.wpe" in sp["skipped"]) == (not is_dyt)   # rope: no wpe
@@ -294,7 +307,8 @@ def test_every_command_runs_and_json_holds_documented_fields(tmp_path, dataset, 
         # Roy & Vetterli written out: exp of the entropy of the singular values normalised to sum 1
         p = np.linalg.svd(weights["transformer.h.0.mlp.c_fc.weight"].double().numpy(), compute_uv=False)
         p = p / p.sum()
-        assert r["weights"]["transformer.h.0.mlp.c_fc"] == pytest.approx(math.exp(-sum(p * np.log(p))), rel=1e-9)
+        want = math.exp(-sum(p * np.log(p)))
+        assert r["weights"]["transformer.h.0.mlp.c_fc"] == pytest.approx(want, rel=1e-9)
     if "alpha" in c:
         a = c["alpha"]
         assert len(a["layers"]) == (5 if is_dyt else 0)
@@ -312,15 +326,17 @@ def test_every_command_runs_and_json_holds_documented_fields(tmp_path, dataset, 
 
 
 def test_windows_are_the_first_of_train_pys(tmp_path, dataset):
-    # train.py measures saturation on random_windows(n_train, count, block_size + 1, seed 1337); analyze must use
-    # the first --windows of them (their first block_size tokens), inside the --train_tokens prefix.
+    # train.py measures saturation on random_windows(n_train, count, block_size + 1, seed 1337); analyze
+    # must use the first --windows of them (their first block_size tokens), inside the --train_tokens
+    # prefix.
     out = make_ckpt(tmp_path, "dyt", dataset, norm="dyt", dyt_alpha=2.0)
     model, ck = load_checkpoint(out / "ckpt.pt")
     with torch.no_grad():   # inputs of order 1, so that the fractions lie well inside (0, 1)
         model.transformer.wte.weight.mul_(50)
     torch.save(dict(ck, model=model.state_dict()), out / "ckpt.pt")
     js = tmp_path / "w.json"
-    analyze.main(["saturation", str(out), f"--json={js}", "--windows=6", "--batch_size=3", "--train_tokens=1000"])
+    analyze.main(["saturation", str(out), f"--json={js}", "--windows=6", "--batch_size=3",
+                  "--train_tokens=1000"])
     got = json.loads(js.read_text())["checkpoints"][0]
     data = np.fromfile(dataset / "train.bin", dtype=np.uint16)
     starts = random_windows(1000, 50, 17, seed=1337)[:6]
@@ -336,14 +352,15 @@ def test_windows_are_the_first_of_train_pys(tmp_path, dataset):
 
 
 def test_side_by_side_best_and_plots(tmp_path, dataset, capsys):
-    ln, dyt = make_ckpt(tmp_path, "run-ln", dataset), make_ckpt(tmp_path, "run-dyt", dataset, norm="dyt", dyt_alpha=2.0)
+    ln = make_ckpt(tmp_path, "run-ln", dataset)
+    dyt = make_ckpt(tmp_path, "run-dyt", dataset, norm="dyt", dyt_alpha=2.0)
     (dyt / "ckpt.pt").rename(dyt / "best.pt")
     (ln / "ckpt.pt").rename(ln / "best.pt")
-    res = analyze.main(["all", str(ln), str(dyt), "--ckpt=best", "--windows=4", f"--plot={tmp_path / 'figs'}",
-                        f"--json={tmp_path / 'b.json'}"])
+    res = analyze.main(["all", str(ln), str(dyt), "--ckpt=best", "--windows=4",
+                        f"--plot={tmp_path / 'figs'}", f"--json={tmp_path / 'b.json'}"])
     assert [r["label"] for r in res] == ["run-ln/best", "run-dyt/best"]
     text = capsys.readouterr().out
-    assert ["run-ln/best", "run-dyt/best"] in [line.split() for line in text.splitlines()]   # side by side
+    assert ["run-ln/best", "run-dyt/best"] in [line.split() for line in text.splitlines()]  # a row
     # the LayerNorm run's note comes before the saturation table, where its column is '-'
     assert text.index("run-ln/best: no DyT/Derf layer") < text.index("saturation: fraction of |alpha*x")
     row = next(line for line in text.splitlines() if line.startswith("global t=2 "))
@@ -358,19 +375,21 @@ def test_side_by_side_best_and_plots(tmp_path, dataset, capsys):
 
 
 def test_spectra_table_has_one_aligned_column_per_figure(tmp_path, dataset, capsys):
-    runs = [make_ckpt(tmp_path, "run-a", dataset), make_ckpt(tmp_path, "run-b", dataset, norm="dyt", mlp="swiglu")]
+    runs = [make_ckpt(tmp_path, "run-a", dataset),
+            make_ckpt(tmp_path, "run-b", dataset, norm="dyt", mlp="swiglu")]
     res = analyze.main(["spectra", *map(str, runs)])
     lines = capsys.readouterr().out.splitlines()
-    h = next(i for i, line in enumerate(lines) if line.split() == ["alpha", "alpha_w", "stable_rank"] * 2)
+    h = next(i for i, line in enumerate(lines)
+             if line.split() == ["alpha", "alpha_w", "stable_rank"] * 2)
     assert lines[h - 1].split() == ["run-a", "run-b"]
-    ends = [m.end() for m in re.finditer(r"\S+", lines[h])]   # every figure right-aligned under its field name
+    ends = [m.end() for m in re.finditer(r"\S+", lines[h])]  # each figure right-aligned under its field
     for name in ("transformer.h.0.mlp.c_fc", "transformer.h.0.mlp.c_up"):
         line = next(line for line in lines[h:] if line.startswith(name + " "))
         want = []
         for r in res:   # run-a (GELU) has no c_up: three '-'
             lay = r["spectra"]["layers"].get(name)
-            want += [f"{lay[k]:.2f}" for k in ("alpha", "alpha_weighted")] + [f"{lay['stable_rank']:.1f}"] if lay \
-                else ["-"] * 3
+            want += ([f"{lay[k]:.2f}" for k in ("alpha", "alpha_weighted")]
+                     + [f"{lay['stable_rank']:.1f}"] if lay else ["-"] * 3)
         assert line.split()[1:] == want
         assert [m.end() for m in re.finditer(r"\S+", line)][1:] == ends
 
@@ -380,13 +399,15 @@ def test_bad_input_gives_clear_errors(tmp_path, dataset):
     cases = [
         (["spectra", str(tmp_path / "nowhere")], "no checkpoint"),
         (["spectra", str(run), "--ckpt=best"], "no checkpoint at " + str(run / "best.pt")),
-        (["spectra", str(run), "--ckpt=bset"], "--ckpt=bset is not a checkpoint choice; use latest (ckpt.pt) or best"),
+        (["spectra", str(run), "--ckpt=bset"],
+         "--ckpt=bset is not a checkpoint choice; use latest (ckpt.pt) or best"),
         (["spectra", str(run), "--bogus=1"], "unknown config key 'bogus'"),
         (["spectra", str(run), "--window=6"], "did you mean windows"),
         (["spectra", str(run), "--windows=x"], "must be int"),
         (["spectra", str(run), "--windows", "6"], "expected --key=value"),
         (["spectra", str(run), "--device=gpu"], "not a device name"),
-        (["nonsense", str(run)], "unknown command 'nonsense'; choose one of saturation, spectra, rank, alpha, all"),
+        (["nonsense", str(run)],
+         "unknown command 'nonsense'; choose one of saturation, spectra, rank, alpha, all"),
         (["satuation", str(run)], "unknown command 'satuation' (did you mean saturation?)"),
         (["spectra"], "usage: python analyze.py"),
         (["saturation", str(run), f"--data_dir={tmp_path}"], "not prepared"),

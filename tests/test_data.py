@@ -18,8 +18,8 @@ import pytest
 
 from tests.common import GPT2_RANKS as RANKS  # a ranks file, or None for tiktoken's own cache
 from tests.common import needs_gpt2 as needs_ranks
-from data.common import (DataError, download, get_tokenizer, line_chunks, load_meta, load_split,
-                         write_tokens)
+from data.common import DataError, get_tokenizer, load_meta, load_split
+from data.prepare_tools import download, line_chunks, write_tokens
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # text where a naive cut at every line would change GPT-2's ids ("\n\n\n", indentation, " \n" lines)
@@ -115,7 +115,8 @@ def test_download_wrong_file_leaves_nothing(server, tmp_path, check):
     body = b"not what you expected" * 100
     url = server.serve("/wrong.bin", body)
     dest = str(tmp_path / "wrong.bin")
-    wrong = {"sha256": {"sha256": sha(b"x")}, "md5": {"md5": sha(b"x", "md5")}, "size": {"size": len(body) + 1}}
+    wrong = {"sha256": {"sha256": sha(b"x")}, "md5": {"md5": sha(b"x", "md5")},
+             "size": {"size": len(body) + 1}}
     said = {"sha256": f"its sha256 is {sha(body)}", "md5": f"its md5 is {sha(body, 'md5')}",
             "size": f"has {len(body):,} bytes, expected {len(body) + 1:,}"}
     with pytest.raises(DataError) as e:
@@ -173,7 +174,7 @@ def test_download_existing_wrong_file_is_an_error(tmp_path):
         download(["http://127.0.0.1:9/never-asked"], str(dest), sha256=sha(b"right"))
 
 
-# ----------------------------------------------------------------------------- tokenizers and token files
+# ------------------------------------------------------------------------- tokenizers and token files
 
 def test_byte_tokenizer_round_trip():
     tok = get_tokenizer("byte")
@@ -229,8 +230,9 @@ def test_write_tokens_and_load_split(tmp_path):
     d = tmp_path / "toy"
     d.mkdir()
     assert write_tokens(str(d / "train.bin"), [[1, 2, 3], np.array([65535, 0])]) == 5
-    with pytest.raises(DataError, match=r"not prepared.*meta.json is missing\)\. a data folder holds train.bin") as e:
-        load_split("toy", "train", data_dir=str(d))  # no meta.json yet: not finished; a folder of the user's own
+    missing = r"not prepared.*meta.json is missing\)\. a data folder holds train.bin"
+    with pytest.raises(DataError, match=missing) as e:
+        load_split("toy", "train", data_dir=str(d))  # no meta.json yet: not finished; the user's folder
     assert "prepare.py" not in str(e.value)  # no prepare script writes into the user's folder
     for meta, field in (({}, "'tokenizer'"), ({"tokenizer": "byte"}, "'vocab_size'"),
                         ({"tokenizer": "bpe", "vocab_size": 9}, "'tokenizer'"), ([], "JSON object"),
@@ -240,7 +242,8 @@ def test_write_tokens_and_load_split(tmp_path):
             load_meta("toy", data_dir=str(d))
     (d / "meta.json").write_text(json.dumps({"tokenizer": "byte", "vocab_size": 257}))
     assert load_split("toy", "train", data_dir=str(d)).tolist() == [1, 2, 3, 65535, 0]
-    assert load_meta("toy", data_dir=str(d)) == {"tokenizer": "byte", "vocab_size": 257, "kind": "tokens"}
+    assert load_meta("toy", data_dir=str(d)) == {"tokenizer": "byte", "vocab_size": 257,
+                                                 "kind": "tokens"}
     with pytest.raises(DataError, match="no 'test' split"):
         load_split("toy", "test", data_dir=str(d))
     with pytest.raises(DataError, match="65536"):
@@ -263,7 +266,8 @@ def make_zip(files):
 @needs_ranks
 def test_wikitext103_prepare(server, tmp_path, capsys):
     from data.wikitext103.prepare import prepare
-    texts = {"train": TRICKY * 50 + " The end .\n", "val": " = Valid = \n\n\n Some text .\n", "test": TRICKY}
+    texts = {"train": TRICKY * 50 + " The end .\n", "val": " = Valid = \n\n\n Some text .\n",
+             "test": TRICKY}
     names = {"train": "wiki.train.raw", "val": "wiki.valid.raw", "test": "wiki.test.raw"}
     body = make_zip({f"wikitext-103-raw/{names[s]}": t for s, t in texts.items()})
     url = server.serve("/wikitext-103-raw-v1.zip", body)
@@ -299,7 +303,8 @@ def test_shakespeare_prepare(server, tmp_path):
     text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 40
     body = text.encode()
     url = server.serve("/input.txt", body)
-    meta = prepare(out_dir=str(tmp_path), tiktoken_file=RANKS, urls=[url], sha256=sha(body), size=len(body))
+    meta = prepare(out_dir=str(tmp_path), tiktoken_file=RANKS, urls=[url], sha256=sha(body),
+                   size=len(body))
     enc = get_tokenizer("gpt2", RANKS)
     cut = int(len(text) * 0.9)
     for split, part in (("train", text[:cut]), ("val", text[cut:])):
@@ -330,7 +335,8 @@ def test_blimp_prepare(server, tmp_path):
         server.serve(f"/blimp/{uid}.jsonl", bodies[uid])
     meta = blimp.prepare(out_dir=str(tmp_path), base_url=server.url + "/blimp/", uids=list(bodies))
     assert meta["pairs"] == 6 and meta["sha256"] == {u: sha(b) for u, b in bodies.items()}
-    assert blimp.load_paradigm(str(tmp_path / "passive_1.jsonl"), "passive_1")[2]["sentence_bad"] == "Bad 2."
+    pairs = blimp.load_paradigm(str(tmp_path / "passive_1.jsonl"), "passive_1")
+    assert pairs[2]["sentence_bad"] == "Bad 2."
     server.serve("/blimp2/causative.jsonl", b'{"sentence_good": "only half a pair"}\n')
     with pytest.raises(DataError, match="not a BLiMP pair"):
         blimp.prepare(out_dir=str(tmp_path / "b2"), base_url=server.url + "/blimp2/", uids=["causative"])
@@ -392,7 +398,8 @@ def test_pydocs_offline_corpus(pydocs_dir, capsys):
     train = np.fromfile(d / "train.bin", dtype=np.uint16)
     val = np.fromfile(d / "val.bin", dtype=np.uint16)
     assert (meta["train_tokens"], meta["val_tokens"]) == (train.size, val.size)
-    assert meta["tokenizer"] == "byte" and meta["vocab_size"] == 257 and meta["python"] == sys.version.split()[0]
+    assert meta["tokenizer"] == "byte" and meta["vocab_size"] == 257
+    assert meta["python"] == sys.version.split()[0]
     assert train.size > 1_000_000 and 0.05 < val.size / (train.size + val.size) < 0.2
     assert max(train.max(), val.max()) == 256
     assert (train == 256).sum() + (val == 256).sum() == meta["documents"]  # one end-of-text per document
@@ -416,11 +423,12 @@ def test_pydocs_is_deterministic(pydocs_dir, tmp_path):
 
 def test_prepare_scripts_run_from_the_repo_root():
     def run(*args):
-        return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60)
     for name in ("pydocs", "wikitext103", "shakespeare", "lambada", "blimp", "cifar10"):
         r = run(f"data/{name}/prepare.py", "--help")
         assert r.returncode == 0 and "--force" in r.stdout, r.stderr
         assert ("--tiktoken_file" in r.stdout) == (name in ("wikitext103", "shakespeare"))
-    r = run("data/shakespeare/prepare.py", "--force", "--tiktoken_file", "/nonexistent/gpt2.tiktoken")
+    r = run("data/shakespeare/prepare.py", "--force=True", "--tiktoken_file=/nonexistent/gpt2.tiktoken")
     assert r.returncode == 1 and "error: tiktoken file /nonexistent/gpt2.tiktoken not found" in r.stderr
     assert "Traceback" not in r.stderr

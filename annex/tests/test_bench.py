@@ -1,4 +1,5 @@
-"""bench.py: one tokens/s (or ViT images/s) line per variant at a tiny shape, and the configurator's --help and errors."""
+"""annex/bench.py: one tokens/s (or ViT images/s) line per variant at a tiny shape, and the
+configurator's --help and errors."""
 import os
 import re
 import subprocess
@@ -6,9 +7,9 @@ import sys
 
 import pytest
 
-import bench
+from annex import bench
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--block_size=16", "--vocab_size=64", "--batch_size=2",
         "--steps=1", "--warmup=0", "--device=cpu", "--dtype=float32"]
 
@@ -16,8 +17,8 @@ TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--block_size=16", "--vocab_
 def run_bench(*args):
     # one thread: tiny ops, and a busy machine makes a second thread wait
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "bench.py", *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run([sys.executable, "annex/bench.py", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
 
 
 def test_every_variant_gets_a_tokens_per_second_line():
@@ -37,6 +38,14 @@ def test_vit_variants_get_an_images_per_second_line():
     got = dict(re.findall(r"^(\S.*?)\s+([\d,]+) images/s$", r.stdout, re.M))
     assert list(got) == [f"ViT norm={n}" for n in ("layernorm", "rmsnorm", "dyt", "derf", "hardtanh")]
     assert all(int(v.replace(",", "")) > 0 for v in got.values()) and "tokens/s" not in r.stdout
+
+
+def test_help_prints_the_usage():
+    # the whole docstring, as a user runs it from the repository root, then every key with its default
+    r = run_bench("--help")
+    assert r.returncode == 0, r.stderr
+    assert "python annex/bench.py --device=cpu --steps=15" in r.stdout
+    assert "python annex/bench.py --help" in r.stdout and "  compile = False\n" in r.stdout
 
 
 def test_help_and_bad_keys(capsys):

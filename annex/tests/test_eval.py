@@ -1,4 +1,4 @@
-"""Tests for eval.py: scoring rules against hand-computed numbers, batching, and the CLI end to end."""
+"""annex/eval.py: scoring rules against hand-computed numbers, batching, and the CLI end to end."""
 import dataclasses
 import json
 import math
@@ -13,13 +13,13 @@ import pytest
 import torch
 
 import data.common
-import eval as ev
+from annex import eval as ev
+from model import GPT, GPTConfig
 from tests.common import GPT2_RANKS as RANKS  # a ranks file, or None for tiktoken's own cache
 from tests.common import needs_gpt2
-from model import GPT, GPTConfig
 
 L3, L1 = math.log(0.3), math.log(0.1)  # log-probs of the stand-in's favorite / any other token
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class Favorite(torch.nn.Module):
@@ -238,9 +238,10 @@ def test_cli_end_to_end(tmp_path):
         ("existential_there_quantifiers_1", "semantics", "There was a cat.", "There was every cat.")])
     write_dataset(tmp_path / "scratch" / "x", "val", VAL)
     out = tmp_path / "results.json"
-    proc = subprocess.run([sys.executable, "eval.py", str(tmp_path / "ckpt1.pt"), str(tmp_path / "ckpt2.pt"),
-                           "--tasks=lambada,blimp,val", "--batch_tokens=100", "--device=cpu",
-                           f"--lambada_dir={tmp_path}", f"--blimp_dir={tmp_path / 'blimp'}", f"--json={out}"],
+    proc = subprocess.run([sys.executable, "annex/eval.py", str(tmp_path / "ckpt1.pt"),
+                           str(tmp_path / "ckpt2.pt"), "--tasks=lambada,blimp,val", "--batch_tokens=100",
+                           "--device=cpu", f"--lambada_dir={tmp_path}", f"--blimp_dir={tmp_path / 'blimp'}",
+                           f"--json={out}"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     # stdout: the table (a header, a row per metric) and the JSON path, nothing else; progress is on stderr
@@ -366,7 +367,7 @@ def test_val_data_dir(tmp_path, offline):
         ev.main([str(tmp_path / "a.pt"), "--tasks=val"])
 
 
-def test_ckpt_choice(tmp_path, offline, capsys):
+def test_ckpt_choice(tmp_path, offline):
     # a run directory: --ckpt=latest (default) evaluates its ckpt.pt, --ckpt=best its best.pt; a file as it is
     tiny_checkpoint(tmp_path / "ckpt.pt", 1, "tiny", data_dir=str(tmp_path / "x"))
     tiny_checkpoint(tmp_path / "best.pt", 2, "tiny", data_dir=str(tmp_path / "x"))
@@ -380,18 +381,20 @@ def test_ckpt_choice(tmp_path, offline, capsys):
     os.remove(tmp_path / "best.pt")
     with pytest.raises(SystemExit, match=r"no checkpoint at .*best\.pt"):
         run(str(tmp_path), "--ckpt=best")
-    with pytest.raises(SystemExit):
-        ev.parse_args([str(tmp_path), "--ckpt=last"])
-    assert "invalid choice: 'last'" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="'last' is not a checkpoint choice"):
+        ev.main([str(tmp_path), "--ckpt=last"])
 
 
-def test_bad_input_errors(tmp_path, capsys, offline):
-    with pytest.raises(SystemExit):
-        ev.parse_args(["x.pt", "--bogus=1"])
-    assert "unrecognized arguments: --bogus=1" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        ev.parse_args(["x.pt", "--tasks=lambada,hellaswag"])
-    assert "hellaswag" in capsys.readouterr().err
+def test_bad_input_errors(tmp_path, offline):
+    for argv, message in [(["x.pt", "--bogus=1"], "unknown config key 'bogus' (from --bogus=1)"),
+                          (["x.pt", "--tasks=lambada,hellaswag"], "hellaswag"),
+                          (["x.pt", "--json", "r.json"], "expected --key=value, got '--json'"),
+                          (["x.pt", "--limit=many"], "'limit' (from --limit=many) must be int or None"),
+                          (["x.pt", "--dtype=float16"], "dtype='float16' is not known"),
+                          (["--tasks=val"], "usage: python annex/eval.py CHECKPOINT_OR_RUN_DIR")]:
+        with pytest.raises(SystemExit) as e:
+            ev.parse_args(argv)
+        assert message in e.value.code, argv  # a message as exit code: Python prints it, exits with 1
     # a missing checkpoint is reported first: nothing is downloaded for it
     tiny_checkpoint(tmp_path / "a.pt", 1, "tiny")
     with pytest.raises(SystemExit, match="no checkpoint at .*missing.pt"):
@@ -402,6 +405,19 @@ def test_bad_input_errors(tmp_path, capsys, offline):
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="error: .*no cuda device"):
             ev.main([str(tmp_path / "a.pt"), "--device=cuda"])
+
+
+def test_help_and_misspelt_key():
+    # as a user runs it, from the repository root: the usage, the keys with their defaults, and the
+    # LAMBADA rule's "\n " printed as written, not as a line break
+    proc = subprocess.run([sys.executable, "annex/eval.py", "--help"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "python annex/eval.py out-ln out-dyt --ckpt=best --tasks=lambada,blimp" in proc.stdout
+    assert 'a double space or "\\n " before the last word is scored' in proc.stdout
+    assert "  ckpt = 'latest'\n" in proc.stdout and "  batch_tokens = 8192\n" in proc.stdout
+    with pytest.raises(SystemExit, match=r"unknown config key 'tsks' \(.*\); did you mean tasks\?"):
+        ev.parse_args(["x.pt", "--tsks=val"])
 
 
 @needs_gpt2

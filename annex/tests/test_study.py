@@ -1,21 +1,25 @@
-"""study.py: the report's numbers recomputed by hand on synthetic run folders, the grid runner on tiny real runs
-(skip, resume, divergence, failure, shards), the screen end to end, and bad grid files."""
+"""annex/study.py and annex/report.py: the report's numbers recomputed by hand on synthetic run folders, the grid
+runner on tiny real runs (skip, resume, divergence, failure, shards), the screen end to end, the command line,
+and bad grid files."""
 import importlib.util
 import json
 import math
 import os
+import re
+import subprocess
+import sys
 from collections import Counter
 
 import numpy as np
 import pytest
 import torch
 
-import study
 import train
+from annex import report, study
 from configurator import configure
 from data.common import read_log
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, eval_iters=2, log_interval=1,
             learning_rate=1e-2, warmup_iters=2, lr_decay_iters=40, min_lr=1e-3)
 
@@ -31,29 +35,29 @@ def test_paired_t_and_auc_by_hand():
         m = sum(d) / len(d)
         sd = math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1))
         t = m / (sd / math.sqrt(len(d)))
-        res = study.paired_t(a, b)
+        res = report.paired_t(a, b)
         assert res['t'] == pytest.approx(t) and res['mean_diff'] == pytest.approx(m)
         assert res['p'] == pytest.approx(t_pvalue(t, len(d) - 1), abs=1e-10)
     # t tables: the 97.5% point of 3, 4 and 10 degrees of freedom gives p = 0.05
     for t, n in ((3.182446, 4), (2.776445, 5), (2.228139, 11)):
         d = np.linspace(-1, 1, n)
         d = d - d.mean() + t * d.std(ddof=1) / math.sqrt(n)  # a sample whose t statistic is exactly t
-        assert study.paired_t(d, np.zeros(n))['p'] == pytest.approx(0.05, abs=1e-5)
-    assert study.paired_t([1.0], [0.0])['p'] is None
+        assert report.paired_t(d, np.zeros(n))['p'] == pytest.approx(0.05, abs=1e-5)
+    assert report.paired_t([1.0], [0.0])['p'] is None
     scores, labels = [0.9, 0.4, 0.4, 0.1, 0.7], [True, True, False, False, False]
     pairs = [(p, n) for p, y in zip(scores, labels) if y for n, z in zip(scores, labels) if not z]
-    assert study.auc(scores, labels) == sum(1.0 if p > n else 0.5 if p == n else 0.0 for p, n in pairs) / len(pairs)
-    assert study.auc([0.5, 0.6], [True, True]) is None
+    assert report.auc(scores, labels) == sum(1.0 if p > n else 0.5 if p == n else 0.0 for p, n in pairs) / len(pairs)
+    assert report.auc([0.5, 0.6], [True, True]) is None
 
 
 def test_leave_one_scale_out_on_separable_cells():
     # each scale alone is one class; the published 0.43 fits it perfectly and predicts the other scale right
     items = [('a', 0.1, False), ('a', 0.2, False), ('b', 0.5, True), ('b', 0.6, True)]
-    assert study.rule_stats(items, 0.43)['loso'] == 1.0
+    assert report.rule_stats(items, 0.43)['loso'] == 1.0
     # a threshold the other scale contradicts: fitted on b (0.45 hurts, 0.7 helps) -> 0.575; a's 0.5 then predicted
     # to hurt although it helps; fitted on a (0.3 hurts, 0.5 helps) -> 0.43 (tie with 0.4); b: 0.45 wrong, 0.7 right
     items = [('a', 0.3, False), ('a', 0.5, True), ('b', 0.45, False), ('b', 0.7, True)]
-    assert study.rule_stats(items, 0.43)['loso'] == 0.5
+    assert report.rule_stats(items, 0.43)['loso'] == 0.5
 
 
 # ----------------------------------------------------------------------------- the report on synthetic runs
@@ -263,7 +267,7 @@ def test_the_repositorys_grids(monkeypatch):
     for cell in cells:
         cfg = configure(train.DEFAULTS, cell['args'], train.OPTIONAL_TYPES)
         assert (cfg['n_embd'], cfg['max_iters'], cfg['norm'], cfg['dyt_alpha'], cfg['attn']) == (512, 5000, 'derf', 2.0, 'standard')
-    assert study.baseline('derf') == 'ln'
+    assert report.baseline('derf') == 'ln'
     grid, cells = study.load_grid('config/grid_mini.py')
     assert len(grid['budgets']) >= 3 and {'ln', 'dyt'} <= set(grid['variants']) and len(grid['seeds']) >= 2
 
@@ -298,4 +302,59 @@ def test_screen_end_to_end(tmp_path, data_dir, capsys, monkeypatch):
         study.main(['screen', *args, '--screen_steps=4', f'--screen_dir={tmp_path / "s"}'])
     with pytest.raises(SystemExit, match="the screen trains a DyT configuration; this one has norm='layernorm'"):
         study.main(['screen', *args, '--norm=layernorm'])
-    assert not os.path.exists(tmp_path / 'out')  # refused before anything ran
+    assert not os.path.exists(tmp_path / 'out_screen')  # refused before anything ran
+
+
+
+def test_screen_shows_progress_warnings_and_what_the_early_gap_is(tmp_path, data_dir, capsys,
+                                                                    monkeypatch):
+    """What a new user missed: progress while the runs train, every collapse warning of the runs, the
+    early gap said to be the gap at step N (here still in warmup), and a folder beside out/."""
+    (tmp_path / 'tiny_dyt.py').write_text(''.join(f'{k} = {v!r}\n' for k, v in TINY.items())
+                                          + f"dataset = 'tiny'\ndata_dir = {data_dir!r}\nnorm = 'dyt'\n"
+                                          "dyt_alpha = 1000.0\n")  # every norm layer saturated: warned
+    monkeypatch.chdir(tmp_path)
+    args = ['tiny_dyt.py', '--train_tokens=5000', '--warmup_iters=10', '--screen_steps=6']
+    res = study.main(['screen', *args, '--compare=True', '--poll=0.01'])
+    out = capsys.readouterr().out
+    root = os.path.join('out_screen', 'tiny_dyt_5K_s1337')  # <config>_<budget>_s<seed>
+    assert json.load(open(os.path.join(root, 'screen.json')))['saturation'] == res['saturation']
+    assert not (tmp_path / 'out').exists()
+    for norm in ('dyt', 'layernorm'):  # train.py's step records, while it runs
+        assert f'{norm}: training 6 steps in {os.path.join(root, norm)}' in out
+        assert re.search(rf'^    {norm}: iter [0-5], train loss \d+\.\d{{4}}$', out, re.M)
+    warnings = [(norm, r['iter'], w) for norm in ('dyt', 'layernorm')
+                for r in read_log(os.path.join(root, norm, 'log.jsonl'), lambda r: r['event'] == 'eval')
+                for w in r['warnings']]
+    assert len(warnings) >= 2 and all('norm layers saturated' in w for _, _, w in warnings)
+    assert all(f'warning ({norm} run, step {it}): {w}' in out for norm, it, w in warnings)
+    assert "early gap at step 6: val loss DyT" in out
+    assert ("This is the gap at step 6 of the run's 300, still in warmup (10 steps): not the end-of-run "
+            "change that the prediction is about") in out
+    assert 'DyT expected to HELP (lower val loss than LayerNorm) at the end of the run' in out
+    study.main(['screen', *args])  # a rerun reuses the run, and says so
+    reused = f"dyt: reusing the finished 6-step run in {os.path.join(root, 'dyt')}"
+    assert reused in capsys.readouterr().out
+
+
+def test_command_line_help_and_typos(capsys):
+    usages = [f'python annex/study.py {c}' for c in ('screen', 'run', 'report')]
+    for command, key in (('screen', 'screen_steps = 500'), ('run', "shard = '0/1'"),
+                         ('report', 'bootstrap = 2000')):
+        with pytest.raises(SystemExit) as e:
+            study.main([command, '--help'])
+        out = capsys.readouterr().out
+        assert e.value.code == 0 and key in out and all(u in out for u in usages)
+        assert 'python annex/study.py screen --norm=dyt' in out  # the CPU-sized screen
+    # the scripts, as the docstring runs them: from the repository root, no PYTHONPATH
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    for script in (['annex/study.py', 'screen', '--help'], ['annex/report.py', '--help']):
+        proc = subprocess.run([sys.executable, *script], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0 and all(u in proc.stdout for u in usages), proc.stderr[-2000:]
+    for argv, close in ((['run', 'g.py', '--shards=0/2'], 'shard'),
+                        (['report', 'd', '--bootstrp=5'], 'bootstrap'),
+                        (['screen', '--thresold=0.5'], 'threshold'),  # screen: its keys and train.py's
+                        (['screen', '--max_iter=5'], 'max_iters')):
+        with pytest.raises(SystemExit, match=f'did you mean {close}'):
+            study.main(argv)
