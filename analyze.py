@@ -1,28 +1,22 @@
 """
 Measure what the study's explanation rests on (Verma 2026; docs/analysis.md), for checkpoints side by side:
-
     saturation  fraction of |alpha*x| > t, t in 0.5..3.0, in every point-wise norm layer (DyT/Derf, the final
                 one too), on random train windows; global and per layer. Others: input std per norm layer.
     spectra     HTSR of every 2-D weight: power-law alpha of the eigenvalues of W^T W (Clauset fit, as
                 WeightWatcher does it), xmin, KS distance D, tail size, lambda_max, alpha_weighted, stable
                 rank.
-    rank        effective rank (Roy & Vetterli) of each block's output activations (B*T, D), not centred, and
-                of each weight matrix.
+    rank        effective rank (Roy & Vetterli) of each block's output (B*T, D), not centred, and of weights.
     alpha       learned DyT/Derf alpha against 1/std of the layer's input, and their Pearson correlation.
     all         everything, with one forward pass and one eigendecomposition per matrix.
 
     python analyze.py saturation out-dyt                     # a directory means its ckpt.pt
     python analyze.py all out-ln out-dyt --ckpt=best --json=cmp.json --plot=figs
-    python analyze.py spectra out-ln/ckpt.pt --min_evals=50 --max_evals=5000
 
-Options, --key=value as in train.py: ckpt (latest|best: a directory's ckpt.pt or best.pt; a file is read as
-it is), windows, seed, block_size (0 = the model's), batch_size, device (auto|cpu|cuda|mps...), min_evals,
-max_evals, max_n (skip weights whose long side exceeds it), dataset and data_dir (where the train split is
-read), train_tokens (windows in the first N train tokens; -1 = the checkpoint's own budget, 0 = the whole
-split), json=FILE, plot=DIR (PNGs: annex/plots.py and matplotlib). The windows are the first `windows` of
-those train.py measures saturation on (data.common.random_windows, block_size + 1 tokens, less the last).
-
-JSON (--json=FILE, written atomically): schema "nanonorm-analysis/1", every field in docs/analysis.md.
+Options (--key=value): ckpt (latest|best: a directory's ckpt.pt or best.pt), windows, seed, block_size (0 =
+the model's), batch_size, device, min_evals, max_evals, max_n (skip weights whose long side exceeds it),
+dataset and data_dir (where the train split is read), train_tokens (windows in the first N train tokens; -1 =
+the model's budget, 0 = all), json=FILE (schema in docs/analysis.md), plot=DIR (annex/plots.py, matplotlib).
+The windows are the first of those train.py measures saturation on (data.common.random_windows).
 """
 import difflib
 import math
@@ -36,7 +30,7 @@ import torch
 import norm_stats
 from checkpoint import CHECKPOINTS, checkpoint_file, load_checkpoint
 from configurator import annex, configure, pick_device, split_args
-from data.common import DataError, load_meta, load_split, random_windows, write_json
+from data.common import DataError, load_split, random_windows, write_json
 
 COMMANDS = ("saturation", "spectra", "rank", "alpha", "all")
 DEFAULTS = dict(ckpt="latest", windows=50, seed=1337, block_size=0, batch_size=10, device="auto",
@@ -45,8 +39,8 @@ DEFAULTS = dict(ckpt="latest", windows=50, seed=1337, block_size=0, batch_size=1
 HEADLINE_T = 2.0      # the study's headline threshold: tanh(2) is 96% of its limit
 EVALS_THRESH = 1e-5   # as WeightWatcher: eigenvalues at or below this count as zero and are not fitted
 
-# ----------------------------------------------------------------------------- the math (no model needed)
 
+# ----------------------------------------------------------------------------- the math (no model needed)
 
 def fit_powerlaw(evals):
     """Continuous power-law fit of an ESD's tail (Clauset, Shalizi & Newman 2009), as WeightWatcher's default
@@ -87,9 +81,8 @@ def effective_rank(s):
 
 
 def float64_device(device):
-    """Where float64 work on tensors of `device` is done: there, except on Apple GPUs (MPS has no float64),
-    whose tensors go to the CPU. CUDA keeps the work: on the CPU a big model's block-output Grams take
-    seconds."""
+    """Where float64 work on `device`'s tensors is done: there (on a CPU a big model's Grams take seconds),
+    except on Apple GPUs, which have no float64: the CPU."""
     device = torch.device(device)
     return torch.device("cpu") if device.type == "mps" else device
 
@@ -131,12 +124,11 @@ def spectra(mats, evals, skipped):
                 median_alpha=stat(np.median, "alpha"), mean_alpha_weighted=stat(np.mean, "alpha_weighted"),
                 mean_stable_rank=stat(np.mean, "stable_rank"))
 
+
 # ----------------------------------------------------------------------------- model measurements
 
-
 def weight_matrices(model, min_evals, max_evals, max_n):
-    """Every 2-D weight (a tied lm_head/wte counts once), filtered like WeightWatcher's min/max_evals and
-    max_N: an N x M matrix has min(N, M) eigenvalues."""
+    """Every 2-D weight (tied lm_head/wte once), filtered like WeightWatcher's min/max_evals and max_N."""
     keep, skipped = {}, {}
     for name, p in model.named_parameters():
         if p.dim() != 2:
@@ -154,8 +146,7 @@ def weight_matrices(model, min_evals, max_evals, max_n):
 
 
 def sample_windows(data, count, block_size, seed):
-    """count random block_size-token windows of a token array, reproducible from seed: the first block_size
-    tokens of train.py's (block_size + 1)-token saturation windows, so that both measure on the same text."""
+    """count windows of block_size tokens: the first tokens of train.py's saturation windows (same seed)."""
     starts = random_windows(len(data), count, block_size + 1, seed)
     return torch.from_numpy(np.stack([data[s:s + block_size] for s in starts]).astype(np.int64))
 
@@ -193,11 +184,10 @@ def forward_stats(model, windows, batch_size=10, block_ranks=False):
     return dict(norm=stats, block_ranks=ranks or None)
 
 
-def alpha_vs_std(norm_stats):
-    """Point-wise norm layers' (DyT/Derf) learned alpha against 1/std of their input (the DyT paper: alpha
-    tracks 1/std)."""
+def alpha_vs_std(stats):
+    """DyT/Derf layers' learned alpha against 1/std of their input (the DyT paper: alpha tracks 1/std)."""
     layers = {name: dict(alpha=l["alpha"], input_std=l["input_std"], inv_std=1.0 / l["input_std"])
-              for name, l in norm_stats["layers"].items() if l["alpha"] is not None}
+              for name, l in stats["layers"].items() if l["alpha"] is not None}
     a = np.array([v["alpha"] for v in layers.values()])
     b = np.array([v["inv_std"] for v in layers.values()])
     r = float(np.corrcoef(a, b)[0, 1]) if len(a) > 1 and a.std() > 0 and b.std() > 0 else None
@@ -216,14 +206,10 @@ def measurement_windows(model, ckpt, opts):
     elsewhere = "\n(or point to the data with --dataset=NAME / --data_dir=DIR)"
     if "patch_size" in ckpt["model_args"]:  # a ViT: train.py's fixed eval images (this seed), as they are
         try:
-            if load_meta(dataset, data_dir)["kind"] != "images":
-                raise SystemExit(f"analyze.py: dataset '{dataset}' is not image data: pass the ViT's "
-                                 "--dataset=NAME")
             vit = annex("vit", "a ViT checkpoint")
-            _, data = vit.open_images(dataset, data_dir, opts["windows"], opts["seed"])
+            return (dataset, *vit.analysis_images(dataset, data_dir, opts["windows"], opts["seed"]))
         except DataError as e:
             raise SystemExit(f"analyze.py: {e}{elsewhere}") from None
-        return dataset, data.batch("train", data.eval_ids["train"], "cpu")[0], data.n_train
     block_size = opts["block_size"] or model.config.block_size
     if block_size > model.config.block_size:
         raise SystemExit(f"analyze.py: --block_size={block_size} exceeds the model's "
@@ -281,8 +267,8 @@ def analyze(path, command, opts):
                            weights=w, mean_weights=float(np.mean(list(w.values()))) if w else None)
     return res, evals if want("spectra") else {}
 
-# ----------------------------------------------------------------------------- output
 
+# ----------------------------------------------------------------------------- output
 
 def fmt(v, spec=".4g"):
     return "-" if v is None else format(v, spec)
@@ -314,8 +300,7 @@ def print_table(title, labels, rows, fields=None):
 
 
 def rows_by_name(results, section, key, cell, missing="-"):
-    """One row per layer name (union over checkpoints, first-seen order); `missing` where a checkpoint lacks
-    it."""
+    """One row per layer name (over every checkpoint, first-seen order); `missing` where one lacks it."""
     names = list(dict.fromkeys(n for r in results if section in r for n in r[section][key]))
     return [(n, [cell(r[section][key][n]) if section in r and n in r[section][key] else missing
                  for r in results]) for n in names]
@@ -378,9 +363,8 @@ def report(results, labels):
 
 # ----------------------------------------------------------------------------- command line
 
-
 def parse_args(argv):
-    """<command> <checkpoint or run dir> ... and --key=value options (configurator.configure checks them)."""
+    """<command> <checkpoint or run dir> ... and --key=value options."""
     pos, options = split_args(argv)
     opts = configure(DEFAULTS, options, doc=__doc__)
     if pos and pos[0] not in COMMANDS:
@@ -402,8 +386,7 @@ def parse_args(argv):
     return pos[0], pos[1:], opts
 
 
-def label(path):
-    """A checkpoint's column name: its run directory, and the file's stem unless it is ckpt.pt."""
+def label(path):  # a checkpoint's column name: its run directory, and the file's stem unless it is ckpt.pt
     if not path.parent.name:
         return path.stem
     return path.parent.name if path.name == "ckpt.pt" else f"{path.parent.name}/{path.stem}"

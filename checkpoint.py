@@ -1,9 +1,8 @@
 """
-A run's files. Checkpoints: how every script loads one, with errors that say what is wrong; how train.py
-writes them (once per eval, atomically, gathered from FSDP shards too) and resumes from them (rank 0 reads,
-the others receive). And out_dir's other files: config.json, log.jsonl, summary.json.
-A checkpoint is one torch.save file: 'model' and 'model_args' (enough for load_checkpoint); from train.py also
-'optimizer', 'config', 'iter_num', the best val loss, the divergence guard, the last eval and the sampler.
+A run's files. Checkpoints, one torch.save file each ('model' and 'model_args'; from train.py also
+'optimizer', 'config', 'iter_num', the best val loss, the divergence guard, the last eval, the sampler): how
+every script loads one, how train.py writes them (gathered from FSDP shards too) and resumes. And
+config.json, log.jsonl, summary.json.
 """
 import json
 import os
@@ -24,17 +23,15 @@ CHECKPOINTS = {'latest': 'ckpt.pt', 'best': 'best.pt'}  # a run's checkpoints, b
 
 
 def checkpoint_file(path, which='latest'):
-    """The checkpoint file meant by `path`: a file as it is, or a run directory's ckpt.pt ('latest', written
-    at every eval) or best.pt ('best', lowest val loss)."""
+    """A file as it is, or a run directory's ckpt.pt ('latest', every eval) or best.pt ('best' val loss)."""
     if which not in CHECKPOINTS:
         raise ValueError(f"{which!r} is not a checkpoint choice; use 'latest' (ckpt.pt) or 'best' (best.pt)")
     return os.path.join(path, CHECKPOINTS[which]) if os.path.isdir(path) else str(path)
 
 
 def load_checkpoint(path, device='cpu', which='latest', language_model=False):
-    """A train.py (or nanoGPT) checkpoint -> (model in eval mode, checkpoint dict). FileNotFoundError or
-    ValueError say what is wrong, also for a ViT where a language model is asked for. device='meta' checks a
-    checkpoint (keys, shapes) without a copy of its weights: the file is memory-mapped."""
+    """A train.py (or nanoGPT) checkpoint -> (model in eval mode, checkpoint dict); errors say what is wrong.
+    device='meta' checks keys and shapes without a copy of the weights: the file is memory-mapped."""
     path = checkpoint_file(path, which)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no checkpoint at {path}: give a run's out_dir or its ckpt.pt / best.pt "
@@ -93,8 +90,7 @@ def strip_wrappers(key):
 
 
 def upgrade_checkpoint(ckpt):
-    """An older version's checkpoint in this version's shapes: embed_scale and its AdamW moments were 0-dim
-    before the parameter became 1-element (FSDP2 cannot shard a 0-dim parameter)."""
+    """Older checkpoints' 0-dim embed_scale and moments made 1-element (FSDP2 cannot shard a 0-dim one)."""
     moments = ckpt.get('optimizer', {}).get('state', {}).get('embed_scale', {})
     for state in (ckpt['model'], moments):
         state.update({k: v.reshape(1) for k, v in state.items()
@@ -105,13 +101,13 @@ def few(items, n=3):
     more = f' and {len(items) - n} more' if len(items) > n else ''
     return ', '.join(items[:n]) + more if items else 'none'
 
+
 # ------------------------------------------------------------------------------------------------------------
 # train.py's side: writing and resuming
 
-
 def training_state(model, optimizer, **fields):
-    """A checkpoint of a training run: the whole model and optimizer state (gathered from FSDP shards: one
-    ordinary file whatever the process count, in CPU memory) and `fields`. Every process calls it."""
+    """The whole model and optimizer state, gathered from FSDP shards into CPU memory (one file whatever the
+    process count), and `fields`. Every process calls it."""
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights = get_model_state_dict(model, options=full)
     if 'lm_head.weight' in weights:  # tied to the token embedding, but gathered as two copies: save it once
@@ -120,8 +116,8 @@ def training_state(model, optimizer, **fields):
 
 
 def save_checkpoint(state, out_dir, best=False):
-    """out_dir/ckpt.pt, written atomically; with best, best.pt too: a hard link to the same file, so the bytes
-    are written once (a copy where links are not supported). The next ckpt.pt is a new file."""
+    """out_dir/ckpt.pt, written atomically; with best, best.pt too: a hard link to the same bytes (a copy
+    where links are not supported). The next ckpt.pt is a new file."""
     path = os.path.join(out_dir, CHECKPOINTS['latest'])
     atomic_write(path, lambda f: torch.save(state, f))
     if best:
@@ -176,9 +172,8 @@ def read_resume_checkpoint(cfg, model_args, n_train, master):
 
 
 def load_training_state(raw, optimizer, ckpt, env):
-    """Weights and optimizer state of a resumed run (under torchrun rank 0 reads them and broadcasts them:
-    the others would each read the whole file), and its loop state: iter_num, best_val_loss, best_iter,
-    guard, last_eval, wall_time_s."""
+    """Weights and optimizer state of a resumed run (rank 0 reads them and broadcasts them), and its loop
+    state: iter_num, best_val_loss, best_iter, guard, last_eval, wall_time_s."""
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=env.ddp)
     keep = not env.ddp or env.master
     set_model_state_dict(raw, ckpt['model'] if keep else {}, options=options)
@@ -188,9 +183,8 @@ def load_training_state(raw, optimizer, ckpt, env):
 
 
 def prepare_run_dir(out_dir, config, resume_iter=None):
-    """out_dir ready for a run: config.json written; log.jsonl cut back to the checkpoint resumed at
-    resume_iter (its eval included), or emptied for a new run, which also removes the checkpoints and summary
-    of a run it replaces (--overwrite): no file to mix with this one. With wandb_log, a wandb run."""
+    """config.json; log.jsonl cut back to the checkpoint resumed at resume_iter (its eval kept), or emptied
+    for a new run, which also removes the files of a run it replaces (--overwrite). With wandb_log, wandb."""
     os.makedirs(out_dir, exist_ok=True)
     if resume_iter is None:
         for name in (*CHECKPOINTS.values(), 'summary.json'):
@@ -216,8 +210,7 @@ def append_log(out_dir, record, wandb_log=False):
 
 
 def write_summary(out_dir, status, state, facts):
-    """out_dir/summary.json, how a run ended ('finished' or 'diverged'; the study's report reads it): the last
-    eval, the best val loss and the divergence from its training state, then the run's `facts`."""
+    """summary.json: how a run ended ('finished' or 'diverged'), its last eval, best and divergence; facts."""
     last, it, diverged = state['last_eval'] or {}, state['iter_num'], status == 'diverged'
     layers = last.get('norm_layers', {})
     write_json(os.path.join(out_dir, 'summary.json'), {

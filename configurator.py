@@ -1,14 +1,9 @@
 """
-nanoGPT's configuration convention, for every script of nanonorm:
-
-  python train.py config/gpt2_64m_dyt.py --batch_size=32 --train_tokens=1_000_000
-  python train.py --help                    # what the script does, its keys and their defaults
-
-The script's defaults come first; each config file is Python executed on top of them (`from config.study
-import *` works from the repository root); then each --key=value, read as a Python literal (a bare word stays
-a string, as does any value of a string key: --out_dir=2024). Unknown keys and values of the wrong type are
-errors that name the closest keys. In a config file, names starting with '_', modules and functions are not
-keys. Also here: what the device and dtype keys mean, train.py's checks, and the annexes an option needs.
+nanoGPT's configuration convention, for every script: `python train.py config/gpt2_64m_dyt.py --seed=42`.
+The script's defaults, then each config file (Python run on top of them; names starting with '_', modules and
+functions are not keys), then each --key=value, read as a Python literal (a bare word, and any value of a
+string key, stays a string). Unknown keys and wrong types are errors that name the closest keys; --help lists
+them. Also here: the device and dtype keys, train.py's checks, and the annexes an option needs.
 """
 import ast
 import difflib
@@ -27,8 +22,7 @@ PLAIN = (int, float, bool, str, type(None))
 
 
 def config_keys(namespace):
-    """(defaults, types) of a script's keys: its public module globals of plain types, less UPPER_CASE
-    constants. A key annotated `T | None` takes a T or None (a key defaulting to None takes any type)."""
+    """(defaults, types): a script's lower-case plain globals; one annotated `T | None` takes T or None."""
     defaults = {k: v for k, v in namespace.items() if not k.startswith('_') and not k.isupper()
                 and isinstance(v, PLAIN)}
     hints = inspect.get_annotations(sys.modules[namespace['__name__']])
@@ -51,17 +45,13 @@ def run_config_file(path, namespace=None, what='config file'):
     return namespace
 
 
-def split_args(argv):
-    """(positional arguments, --key=value options) of a script that takes paths or a command first."""
+def split_args(argv):  # (positional arguments, --key=value options): paths or a command, then options
     return [a for a in argv if not a.startswith('-')], [a for a in argv if a.startswith('-')]
 
 
 def configure(defaults, argv, optional_types=None, doc=None):
-    """A new dict: defaults <- config files <- --key=value overrides, each value type-checked.
-
-    A value must have its default's type (an int is accepted for a float). A key in optional_types takes
-    that type or None, whatever its default; other keys that default to None take any type. --help / -h
-    prints `doc` and the defaults, and exits 0."""
+    """A new dict: defaults <- config files <- --key=value. A value must have its default's type (an int
+    does for a float); a key in optional_types takes that type or None; --help prints doc and the keys."""
     optional_types = optional_types or {}
     if '--help' in argv or '-h' in argv:
         print((doc or '').strip() + '\n\nkeys and defaults (override with config files and --key=value):')
@@ -107,9 +97,9 @@ def configure(defaults, argv, optional_types=None, doc=None):
             set_key(key, value, arg, text)
     return cfg
 
+
 # ------------------------------------------------------------------------------------------------------------
 # The keys several scripts share: device and dtype; train.py's checks; the annexes an option needs
-
 
 def pick_device(device=None):
     """The device asked for (an error if this machine lacks it), or by default cuda, else mps, else cpu."""
@@ -138,8 +128,7 @@ def precision(device, dtype=None):
 
 
 def resolve(cfg, world):
-    """train.py's keys completed (device, dtype, backend, init_from=auto) and checked, for `world` processes,
-    before anything is read or written."""
+    """train.py's keys completed (device, dtype, backend, init_from) and checked before anything is read."""
     from data.common import micro_batches  # here, not above: the prepare scripts read this file too
     from model import GPTConfig
     try:

@@ -1,14 +1,12 @@
 """
 One GPT for the question "when does removing LayerNorm help?". Flags switch, each in one place below:
-
   norm: 'layernorm' | 'rmsnorm' | 'dyt' | 'derf' | 'hardtanh'   -> the five norms and make_norm()
   attn: 'standard' | 'diff' (Differential Attention)             -> CausalSelfAttention
   mlp:  'gelu' | 'swiglu'                                        -> MLP
   pos:  'learned' | 'rope'                                       -> apply_rope(), GPT.forward
-
-The defaults and the parameter names are nanoGPT's GPT-2, so its checkpoints load as they are. Formulas follow
-the DyT paper (Zhu et al. 2025), the Derf paper (Chen et al. 2025), microsoft/unilm's Diff-Transformer
-(Ye et al. 2025) and Llama.
+Defaults and parameter names are nanoGPT's GPT-2, so its checkpoints load as they are. Formulas follow the
+DyT paper (Zhu et al. 2025), the Derf paper (Chen et al. 2025), microsoft/unilm's Diff-Transformer (Ye et
+al. 2025) and Llama.
 """
 import math
 from dataclasses import dataclass
@@ -19,10 +17,10 @@ from torch.nn import functional as F
 
 NORMS = ('layernorm', 'rmsnorm', 'dyt', 'derf', 'hardtanh')
 
+
 # ------------------------------------------------------------------------------------------------------------
 # The norms. DyT and Derf replace the statistics of LayerNorm and RMSNorm by a bounded function of each value
 # alone, with ONE learnable alpha per layer; HardTanh is the study's control, the bound without the slope.
-
 
 class LayerNorm(nn.Module):
     def __init__(self, ndim, bias, eps):
@@ -102,9 +100,9 @@ def make_norm(config, alpha0=None):
         return Derf(config.n_embd, config.bias, alpha0)
     return HardTanh(config.n_embd, config.bias)
 
+
 # ------------------------------------------------------------------------------------------------------------
 # Rotary position embedding, rotate-half layout: the pair (x[i], x[i + d/2]) turns by pos * theta^(-2i/d).
-
 
 def rope_angles(block_size, head_dim, theta):
     """float32 cos and sin tables (block_size, head_dim/2), made in float64 on the CPU (not on MPS)."""
@@ -251,8 +249,8 @@ class GPTConfig:
         if self.attn == 'diff' and (self.n_head % 2 or n_kv_head % 2):
             raise ValueError(f"attn='diff' pairs heads, so n_head ({self.n_head}) and n_kv_head "
                              f"({n_kv_head}) must be even; use the baseline's count (the model halves it)")
-        if self.pos == 'rope' and (self.n_embd // self.n_head) % 2:
-            head_size = self.n_embd // self.n_head
+        head_size = self.n_embd // self.n_head
+        if self.pos == 'rope' and head_size % 2:
             raise ValueError(f"pos='rope' needs an even head size, got n_embd/n_head={head_size}")
 
 
@@ -335,8 +333,7 @@ class GPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == 'cuda')
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, peak):
-        """Model FLOPs utilization (PaLM, appendix B) against `peak` FLOP/s; None without a peak (e.g. a CPU).
-        nanoGPT's count: Differential Attention's second softmax map is not counted."""
+        """Model FLOPs utilization against `peak` (PaLM, appendix B; as nanoGPT, Diff's 2nd map is free)."""
         if not peak:
             return None
         cfg = self.config

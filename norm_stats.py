@@ -2,7 +2,6 @@
 What the norm layers see, measured while the model runs (train.py at every eval, analyze.py): each norm
 layer's input mean and std, and for DyT and Derf the saturation: the fraction of |alpha x| (Derf: erf's
 argument |alpha x + s|) above each threshold (Verma 2026; headline 2.0, where tanh is at 96% of its bound).
-
 instrument(model) attaches it from outside model.py: every norm layer (ln_1, ln_2, ln_f) gets sums in buffers
 and a forward pre-hook that adds to them while recording. Instrument before torch.compile, which then traces
 the hook too; the buffers follow .to(device) and stay out of checkpoints. Off, a hook costs one bool test.

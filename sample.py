@@ -3,8 +3,7 @@ Sample from a trained model (any variant), decoding with the tokenizer the run w
 
   python sample.py --out_dir=out --start="def " --num_samples=3 --max_new_tokens=200
   python sample.py --out_dir=out/gpt2_64m_dyt --ckpt=best --start=FILE:prompt.txt --temperature=0.7
-  python sample.py --help                           # the keys and their defaults
-(nanoGPT's init_from key is gone: sampling is always from a train.py checkpoint, never from OpenAI's GPT-2.)
+  python sample.py --help                           # the keys and defaults (nanoGPT's init_from is gone)
 """
 import sys
 

@@ -321,8 +321,8 @@ def train(cfg, env):
         wandb.finish()
     return {'finished': 0, 'diverged': EXIT_DIVERGED, 'stopped': EXIT_STOPPED}[status]
 
-# ------------------------------------------------------------------------------------- processes and data
 
+# ------------------------------------------------------------------------------------- processes and data
 
 def setup(cfg):
     """Processes (torchrun's, or srun's via annex/cluster.py), device, precision and the stop signals."""
@@ -350,8 +350,8 @@ def setup(cfg):
         signal.signal(sig, request_stop)
     return env
 
-# ----------------------------------------------------------------------------------------- evaluation, logs
 
+# ----------------------------------------------------------------------------------------- evaluation, logs
 
 @torch.no_grad()
 def evaluate(cfg, env, raw, data, it):

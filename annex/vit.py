@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from data.common import DATA_DIR, DataError, derived_seed, to_device
+from data.common import DATA_DIR, DataError, derived_seed, load_meta, to_device
 from model import GPT, Block, GPTConfig, make_norm
 
 
@@ -193,7 +193,15 @@ def crop_and_flip(images, dy, dx, flip, pad):
 def open_images(dataset, data_dir, eval_count, eval_seed):
     """(meta.json, ImageData) of a prepared CIFAR-format folder (data/cifar10/prepare.py)."""
     from data.cifar10.prepare import load
-    from data.common import load_meta
     folder = data_dir or os.path.join(DATA_DIR, dataset)
     return load_meta(dataset, data_dir), ImageData(load('train', folder), load('test', folder), eval_count,
                                                    eval_seed)
+
+
+def analysis_images(dataset, data_dir, count, seed):
+    """analyze.py's inputs for a ViT: the first `count` of the fixed train images train.py evaluates on (with
+    its seed), as they are, and the number of train images."""
+    if load_meta(dataset, data_dir)['kind'] != 'images':
+        raise DataError(f"dataset '{dataset}' is not image data: pass the ViT's --dataset=NAME")
+    _, data = open_images(dataset, data_dir, count, seed)
+    return data.batch('train', data.eval_ids['train'], 'cpu')[0], data.n_train

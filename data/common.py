@@ -1,10 +1,8 @@
 """
-What every script reads and writes of the data: the two tokenizers; the flat uint16 token files
-(data/<dataset>/{train,val,test}.bin + meta.json); the windows train.py trains on, and how a step's windows
-are shared out over processes; files written atomically. The prepare scripts' own tools (the downloader,
-tokenizing large texts, their command line) are in data/prepare_tools.py.
+The data as every script reads it: two tokenizers, token files (data/<dataset>/{train,val,test}.bin, uint16,
++ meta.json), the windows train.py trains on, files written atomically. The prepare scripts' own tools are in
+data/prepare_tools.py.
 """
-import functools
 import hashlib
 import json
 import os
@@ -16,8 +14,6 @@ from configurator import annex
 
 DATA_DIR = os.path.dirname(os.path.abspath(__file__))
 TIKTOKEN_ENV = "NANONORM_TIKTOKEN_FILE"  # path to a GPT-2 .tiktoken ranks file, for machines without internet
-GPT2_RANKS_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
-GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 
 
 class DataError(RuntimeError):
@@ -27,28 +23,19 @@ class DataError(RuntimeError):
 # ----------------------------------------------------------------------------- tokenizers
 
 class Tokenizer:
-    """GPT-2 BPE ('gpt2', via tiktoken) or UTF-8 bytes ('byte': ids 0..255, end-of-text 256).
-
-    encode() never treats special tokens in the text as special (tiktoken's encode_ordinary).
-    """
+    """GPT-2 BPE ('gpt2', tiktoken's encode_ordinary) or UTF-8 bytes ('byte': ids 0..255, end-of-text 256)."""
 
     def __init__(self, name, enc=None):
-        self.name, self._enc = name, enc
+        self.name, self.enc = name, enc
         self.eot = enc.eot_token if enc else 256
         self.n_vocab = enc.n_vocab if enc else 257
 
     def encode(self, text):
-        return self._enc.encode_ordinary(text) if self._enc else list(text.encode("utf-8"))
-
-    def encode_batch(self, texts, num_threads=None):
-        if not self._enc:
-            return [self.encode(t) for t in texts]
-        # tiktoken releases the GIL, so threads really run in parallel
-        return self._enc.encode_ordinary_batch(texts, num_threads=num_threads or os.cpu_count() or 1)
+        return self.enc.encode_ordinary(text) if self.enc else list(text.encode("utf-8"))
 
     def decode(self, ids):
-        if self._enc:
-            return self._enc.decode(list(ids))
+        if self.enc:
+            return self.enc.decode(list(ids))
         out, run = [], bytearray()
         for i in ids:
             if i == self.eot:
@@ -62,38 +49,13 @@ class Tokenizer:
 
 
 def get_tokenizer(name, tiktoken_file=None):
-    """Tokenizer `name` ('gpt2' or 'byte'). For 'gpt2' without internet, pass `tiktoken_file` (a GPT-2
-    .tiktoken ranks file) or set the NANONORM_TIKTOKEN_FILE environment variable."""
+    """Tokenizer 'gpt2' or 'byte'; offline, GPT-2 reads tiktoken_file (or $NANONORM_TIKTOKEN_FILE)."""
     if name == "byte":
         return Tokenizer("byte")
     if name != "gpt2":
         raise DataError(f"unknown tokenizer {name!r}: use 'gpt2' or 'byte'")
-    return _gpt2(tiktoken_file or os.environ.get(TIKTOKEN_ENV) or None)
-
-
-@functools.lru_cache(maxsize=None)
-def _gpt2(path):
-    import tiktoken
-    import tiktoken.load
-    from tiktoken_ext.openai_public import r50k_pat_str  # the installed tiktoken's own GPT-2 regex
-    how = (f"Get {GPT2_RANKS_URL} (sha256 {GPT2_RANKS_SHA256}) on a machine with internet, copy it here and "
-           f"pass --tiktoken_file=PATH or set {TIKTOKEN_ENV}=PATH.")
-    if path is None:
-        try:
-            return Tokenizer("gpt2", tiktoken.get_encoding("gpt2"))
-        except (OSError, ValueError) as e:  # requests errors are OSErrors
-            raise DataError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}: {e}). {how}") from e
-    if not os.path.isfile(path):
-        raise DataError(f"tiktoken file {path} not found. {how}")
-    try:
-        ranks = tiktoken.load.load_tiktoken_bpe(path)
-        enc = tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
-                                special_tokens={"<|endoftext|>": 50256}, explicit_n_vocab=50257)
-    except (ValueError, AssertionError) as e:
-        raise DataError(f"{path} is not a GPT-2 .tiktoken ranks file ({e}). {how}") from e
-    if enc.encode_ordinary("Hello world") != [15496, 995]:
-        raise DataError(f"{path} does not give GPT-2's ids ('Hello world' should be [15496, 995]). {how}")
-    return Tokenizer("gpt2", enc)
+    from data.prepare_tools import gpt2_encoding  # downloaded, or read from an offline copy
+    return Tokenizer("gpt2", gpt2_encoding(tiktoken_file or os.environ.get(TIKTOKEN_ENV) or None))
 
 
 # ----------------------------------------------------------------------------- token files and meta.json
@@ -102,16 +64,12 @@ FOLDER_FORMAT = ("a data folder holds train.bin and val.bin (token ids as raw ui
                  '{"tokenizer": "byte" or "gpt2", "vocab_size": int} (docs/data.md)')
 
 
-def how_to_prepare(dataset, data_dir):
-    """What to do about a data folder that is missing or incomplete."""
-    if data_dir:  # the user's own folder: a prepare script writes elsewhere
-        return FOLDER_FORMAT
-    return f"Prepare it with: python data/{dataset}/prepare.py"
+def how_to_prepare(dataset, data_dir):  # for a data folder that is missing or incomplete
+    return FOLDER_FORMAT if data_dir else f"Prepare it with: python data/{dataset}/prepare.py"
 
 
 def load_split(dataset, split, data_dir=None):
-    """The `split` ('train', 'val', 'test') of a prepared dataset as a read-only uint16 memmap.
-    `data_dir` is the folder holding the .bin files (default data/<dataset>/)."""
+    """A split ('train', 'val', 'test') of data_dir (default data/<dataset>/) as a read-only memmap."""
     folder = data_dir or os.path.join(DATA_DIR, dataset)
     path = os.path.join(folder, f"{split}.bin")
     if not os.path.exists(os.path.join(folder, "meta.json")):
@@ -152,9 +110,8 @@ def load_meta(dataset, data_dir=None):
 
 
 def random_windows(n_tokens, count, length, seed=1337):
-    """Start offsets of `count` windows of `length` tokens, uniform inside the first n_tokens, from a fixed
-    seed. train.py (saturation during training) and analyze.py draw them alike, and the first k offsets do not
-    depend on `count`, so both measure on the same windows."""
+    """Start offsets of `count` windows of `length` tokens inside the first n_tokens, from a fixed seed:
+    train.py and analyze.py draw them alike (the first k do not depend on count), so both measure the same."""
     if n_tokens < length:
         raise DataError(f"{n_tokens:,} tokens are too few for windows of {length} tokens; use a smaller "
                         "block_size")
@@ -162,8 +119,8 @@ def random_windows(n_tokens, count, length, seed=1337):
 
 
 def unigram_entropy(tokens, chunk=1 << 24):
-    """Entropy in nats of the token frequencies: the loss of a model that predicts only how common each token
-    is (what a collapsed model does). Counted in chunks, so a 118M-token budget needs no big copy."""
+    """Entropy in nats of the token frequencies: the loss of a model that predicts only those (a collapsed
+    one). Counted in chunks: a 118M-token budget needs no big copy."""
     counts = np.zeros(1, dtype=np.int64)
     for k in range(0, len(tokens), chunk):
         c = np.bincount(np.asarray(tokens[k:k + chunk]))
@@ -171,7 +128,6 @@ def unigram_entropy(tokens, chunk=1 << 24):
         counts[:len(c)] += c
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())
-
 
 
 # ----------------------------------------------------------------------------- what train.py trains on
@@ -191,10 +147,9 @@ def micro_batches(n, world, rank, batch_size):
 
 
 class TokenData:
-    """Windows of block_size tokens of the budget (the train split's first tokens), the next tokens as
-    targets. A step's windows are a function of (seed, step) alone, so a resumed or multi-process run sees the
-    batches of an uninterrupted single-process one. The eval windows are fixed: on train, those analyze.py
-    measures saturation on; on val, spread evenly."""
+    """Windows of block_size tokens of the budget (the train split's first tokens), next tokens as targets.
+    A step's windows depend on (seed, step) alone, so resumed and multi-process runs see the single-process
+    batches. Fixed eval windows: on train, those analyze.py measures on; on val, spread evenly."""
     unit, predicted = 'tokens', 'token'
 
     def __init__(self, train, val, block_size, eval_count, eval_seed):
@@ -224,8 +179,7 @@ def to_device(t, device):
 
 
 def open_data(cfg, env, eval_seed):
-    """train.py's data: (meta.json, TokenData, or annex/vit.py's ImageData for images), every size checked and
-    vocab_size set; the default corpus is built on first use."""
+    """train.py's (meta.json, TokenData or annex/vit.py's ImageData), checked; builds pydocs if missing."""
     try:
         if cfg.dataset == 'pydocs' and cfg.data_dir is None and not os.path.exists(
                 os.path.join(DATA_DIR, 'pydocs', 'meta.json')):
@@ -259,8 +213,7 @@ def open_data(cfg, env, eval_seed):
 # ----------------------------------------------------------------------------- files of a run
 
 def read_log(path, keep):
-    """The parseable records of a JSON-lines file (train.py's log.jsonl) that satisfy keep(record); a torn
-    last line is dropped."""
+    """The records of a JSON-lines file (log.jsonl) that satisfy keep(record); a torn line is dropped."""
     records = []
     if os.path.exists(path):
         with open(path) as f:
@@ -273,8 +226,7 @@ def read_log(path, keep):
 
 
 def atomic_write(path, write):
-    """write(f) into a temporary file beside `path`, fsync, rename over `path`, fsync the folder: a crash
-    leaves the old file or the new one, never half of one."""
+    """write(f) into a temporary file, fsync, rename it to `path`: a crash leaves the old file or the new."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
@@ -295,5 +247,4 @@ def atomic_write(path, write):
 
 
 def write_json(path, obj):
-    """Write `obj` as JSON to `path` atomically."""
     atomic_write(path, lambda f: f.write((json.dumps(obj, indent=2) + "\n").encode()))

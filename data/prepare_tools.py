@@ -1,7 +1,9 @@
 """
 The prepare scripts' tools: one robust downloader for every data set (mirrors, resume, retries, checksums),
-GPT-2 tokenization of large texts on every core into token files, and the scripts' command line.
+GPT-2's BPE (tiktoken's download, or an offline ranks file), tokenization of large texts on every core into
+token files, and the scripts' command line.
 """
+import functools
 import hashlib
 import inspect
 import json
@@ -14,8 +16,10 @@ import requests
 from urllib3.exceptions import NameResolutionError
 
 from configurator import configure
-from data.common import DataError, atomic_write
+from data.common import TIKTOKEN_ENV, DataError, atomic_write
 
+GPT2_RANKS_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
+GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 # some hosts (wikitext.smerity.com) answer 403 to the default python-requests agent
 USER_AGENT = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0 Safari/537.36"
 
@@ -152,6 +156,33 @@ def _check(path, sha256, md5, size):
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def gpt2_encoding(path=None):
+    """tiktoken's GPT-2 encoding: from tiktoken's cache (downloaded on first use), or from a ranks file at
+    `path` for machines without internet, its ids checked."""
+    import tiktoken
+    import tiktoken.load
+    from tiktoken_ext.openai_public import r50k_pat_str  # the installed tiktoken's own GPT-2 regex
+    how = (f"Get {GPT2_RANKS_URL} (sha256 {GPT2_RANKS_SHA256}) on a machine with internet, copy it here and "
+           f"pass --tiktoken_file=PATH or set {TIKTOKEN_ENV}=PATH.")
+    if path is None:
+        try:
+            return tiktoken.get_encoding("gpt2")
+        except (OSError, ValueError) as e:  # requests errors are OSErrors
+            raise DataError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}: {e}). {how}") from e
+    if not os.path.isfile(path):
+        raise DataError(f"tiktoken file {path} not found. {how}")
+    try:
+        ranks = tiktoken.load.load_tiktoken_bpe(path)
+        enc = tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
+                                special_tokens={"<|endoftext|>": 50256}, explicit_n_vocab=50257)
+    except (ValueError, AssertionError) as e:
+        raise DataError(f"{path} is not a GPT-2 .tiktoken ranks file ({e}). {how}") from e
+    if enc.encode_ordinary("Hello world") != [15496, 995]:
+        raise DataError(f"{path} does not give GPT-2's ids ('Hello world' should be [15496, 995]). {how}")
+    return enc
+
+
 # ----------------------------------------------------------------------------- token files
 
 def line_chunks(lines, chunk_chars=1 << 20):
@@ -193,7 +224,10 @@ def tokenize_to_file(tok, chunks, path, num_threads=None, batch=16):
         it = iter(chunks)
         while group := [c for _, c in zip(range(batch), it)]:
             nbytes += sum(len(c.encode("utf-8")) for c in group)
-            yield from tok.encode_batch(group, num_threads)
+            if tok.enc is None:
+                yield from (tok.encode(text) for text in group)
+            else:  # tiktoken releases the GIL, so its threads run in parallel
+                yield from tok.enc.encode_ordinary_batch(group, num_threads=num_threads or os.cpu_count() or 1)
             rate = nbytes / 1e6 / (time.time() - t0 + 1e-9)
             sys.stderr.write(f"\r  {os.path.basename(path)}: {nbytes / 1e6:.1f} MB of text, {rate:.1f} MB/s ")
         sys.stderr.write("\n")
