@@ -51,7 +51,7 @@ def load_checkpoint(path, device='cpu', which='latest', language_model=False):
     if not isinstance(ckpt, dict) or 'model' not in ckpt or 'model_args' not in ckpt:
         raise ValueError(f"{path} is not a training checkpoint: it needs 'model' and 'model_args' entries")
     ckpt['model'] = {strip_wrappers(k): v for k, v in ckpt['model'].items()}
-    if language_model and 'patch_size' in ckpt['model_args']:  # sample.py and eval.py work on text
+    if language_model and 'patch_size' in ckpt['model_args']:  # sample.py and annex/eval.py work on text
         raise ValueError(f"{path} holds a ViT, an image classifier: this needs a language model (analyze.py "
                          "reads both)")
     upgrade_checkpoint(ckpt)
@@ -139,12 +139,6 @@ def read_resume_checkpoint(cfg, model_args, n_train, master):
         _, ckpt = load_checkpoint(path, device='meta')
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: init_from='resume': {e}") from None
-    if ckpt.get('iter_num', 0) >= cfg.max_iters and not cfg.eval_only and os.path.exists(
-            os.path.join(cfg.out_dir, 'summary.json')):
-        if master:
-            print(f"{cfg.out_dir} is already at max_iters={cfg.max_iters} (iter {ckpt['iter_num']}): nothing "
-                  "to do; raise --max_iters to continue")
-        return 'complete'
     missing = [k for k in ('optimizer', 'config', 'iter_num', 'best_val_loss', 'best_iter', 'guard',
                            'last_eval', 'sampler') if k not in ckpt]
     if missing:
@@ -168,6 +162,12 @@ def read_resume_checkpoint(cfg, model_args, n_train, master):
                      f"has {seed}/{budget:,}: the data order changes")
     if master and notes:
         print('\n'.join(notes))
+    if ckpt['iter_num'] >= cfg.max_iters and not cfg.eval_only and os.path.exists(
+            os.path.join(cfg.out_dir, 'summary.json')):
+        if master:
+            print(f"{cfg.out_dir} is already at max_iters={cfg.max_iters} (iter {ckpt['iter_num']}): nothing "
+                  "to do; raise --max_iters to continue")
+        return 'complete'
     return ckpt
 
 

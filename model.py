@@ -283,8 +283,7 @@ class GPT(nn.Module):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     def _init_weights(self, module):
-        """nanoGPT's: linear layers N(0, 0.02), biases 0; embeddings N(0, emb_init_std), lm_head too (tied).
-        Norms start at gamma 1, beta 0, alpha0, shift 0, and Diff lambdas N(0, 0.1), where they are built."""
+        """nanoGPT's, embeddings (and lm_head, tied) at emb_init_std; norms and lambdas set where built."""
         if isinstance(module, nn.Linear) and module is not self.lm_head:
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
             if module.bias is not None:
@@ -299,8 +298,7 @@ class GPT(nn.Module):
             n -= self.transformer.wpe.weight.numel()
         return n
 
-    def hidden(self, idx):
-        """The final norm's output (B, T, n_embd): what lm_head reads."""
+    def hidden(self, idx):  # the final norm's output (B, T, n_embd): what lm_head reads
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} is longer than block_size={self.config.block_size}")
@@ -321,6 +319,9 @@ class GPT(nn.Module):
         x = self.hidden(idx)
         if targets is None:  # generation needs only the last position
             return self.lm_head(x if all_logits else x[:, [-1], :]), None
+        return self.head_loss(x, targets)
+
+    def head_loss(self, x, targets):  # apart from forward: FSDP compiles it on its own (annex/cluster.py)
         logits = self.lm_head(x)
         return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
 

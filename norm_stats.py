@@ -31,9 +31,10 @@ def squashed(layer, x):
     return None
 
 
-@torch.no_grad()
 def observe(layer, args):
-    if layer.recording:
+    if not layer.recording:  # the training steps' only cost
+        return
+    with torch.no_grad():
         x = args[0].float()  # sums of one call in float32; counts are exact integers
         layer.stat_count += x.numel()
         layer.stat_sum += x.sum()
@@ -44,8 +45,7 @@ def observe(layer, args):
             layer.stat_sat += torch.stack([(a > t).sum() for t in THRESHOLDS])
 
 
-def instrument(model):
-    """Give every norm layer of `model` its statistics (once); returns the model."""
+def instrument(model):  # every norm layer gets its statistics (once); returns the model
     for _, layer in norm_layers(model):
         if not hasattr(layer, 'recording'):
             for name in SUMS:  # counts are exact integers, sums float32
@@ -68,8 +68,7 @@ def record(model, on=True):
                 getattr(layer, name).zero_()
 
 
-def sums(model):
-    """The buffers holding the sums, for an all-reduce over processes."""
+def sums(model):  # the buffers holding the sums, for an all-reduce over processes
     return [getattr(layer, name) for _, layer in norm_layers(model) for name in SUMS]
 
 

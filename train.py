@@ -287,35 +287,35 @@ def train(cfg, env):
             if env.master:
                 print(f'iter {iter_num}: loss {loss:.4f}, lr {lr:.2e}, grad norm {grad_norm:.3f}, ' + (
                     f'{rate:,.0f} {data.unit}/s, {1000 * dt:.1f} ms/iter' if dt else
-                    'first steps (compilation and warm-up: not timed)')
+                    'first step (compilation and warm-up: not timed)')
                     + (f', mfu {100 * mfu:.1f}%' if mfu is not None else ''))
             t_log, steps_since_log, timed = time.time(), 0, True
         iter_num += 1
 
     # ----------------------------------------------------------------------------------------------- the end
-    status = 'diverged' if reason else 'stopped' if stop else 'finished'
-    why = env.stop[0] if env.stop else 'signal on another process'
+    status = 'diverged' if reason else 'stopped' if stop and iter_num < cfg.max_iters else 'finished'
     if status == 'stopped':
+        why = env.stop[0] if env.stop else 'signal on another process'
         log({'event': 'stopped', 'iter': iter_num, 'signal': why})
+        if env.master:
+            print(f'stopped at iter {iter_num} ({why}); ckpt.pt is saved. Continue with the same command and '
+                  '--init_from=auto (or resume)')
     elif status == 'diverged':
         log({'event': 'diverged', 'iter': iter_num, 'diverged': True, 'reason': reason})
+        if env.master:
+            print(f'DIVERGED: {reason}. Stopped; the checkpoints in {cfg.out_dir} are the last good ones.',
+                  file=sys.stderr)
     if writing and status != 'stopped':  # summary.json: the run has ended
         write_summary(cfg.out_dir, status, dict(
             iter_num=iter_num, best_val_loss=best_val_loss, best_iter=best_iter, last_eval=last_eval,
             wall_time_s=wall_time + time.time() - t_start, diverged=reason), {
             **seen(cfg, data, iter_num), 'n_params': raw.get_num_params(),
             f'budget_{data.unit}': data.n_train, 'unigram_entropy': data.entropy, 'config': config})
-    if env.master and status == 'stopped':
-        print(f'stopped at iter {iter_num} ({why}); ckpt.pt is saved. Continue with the same command and '
-              '--init_from=auto (or resume)')
-    elif env.master and status == 'diverged':
-        print(f'DIVERGED: {reason}. Stopped; the checkpoints in {cfg.out_dir} are the last good ones.',
-              file=sys.stderr)
-    elif writing:
-        print(f"done: {cfg.out_dir} at iter {iter_num}, final val loss {last_eval['val_loss']:.4f}, best "
-              f"{best_val_loss:.4f} @ {best_iter}. Next: " + ('' if data.unit == 'images' else
-                                                             f'python sample.py --out_dir={cfg.out_dir}; ')
-              + f'python analyze.py all {cfg.out_dir}')
+    if writing and status == 'finished':
+        final = (last_eval or {}).get('val_loss', math.nan)
+        print(f'done: {cfg.out_dir} at iter {iter_num}, final val loss {final:.4f}, best {best_val_loss:.4f} '
+              f'@ {best_iter}. Next: ' + ('' if data.unit == 'images' else f'python sample.py --out_dir='
+                                         f'{cfg.out_dir}; ') + f'python analyze.py all {cfg.out_dir}')
     if writing and cfg.wandb_log:
         import wandb
         wandb.finish()
@@ -370,7 +370,7 @@ def evaluate(cfg, env, raw, data, it):
             sums += torch.stack([loss.float() * count, (logits.argmax(-1) == y).sum().float()])
         for t in ([sums] + (norm_stats.sums(raw) if split == 'train' else [])) if env.ddp else []:
             dist.all_reduce(t)
-        result[split] = (sums[0].item() / len(ids), sums[1].item() / (len(ids) * data.per_sample))
+        result[split] = [s / n for s, n in zip(sums.tolist(), (len(ids), len(ids) * data.per_sample))]
     raw.train()
     stats = norm_stats.read(raw)  # under FSDP every process takes part: alpha is gathered from its shards
     layers = {name: {k: s[k] for k in ('kind', 'alpha', 'input_std', 'saturation')}

@@ -23,7 +23,7 @@ from annex.vit import ViT, ViTConfig  # noqa: E402
 from configurator import config_keys, configure, pick_device, precision  # noqa: E402
 from model import GPT, NORMS, GPTConfig  # noqa: E402
 
-# -----------------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------------
 n_layer = 4
 n_head = 8
 n_embd = 256
@@ -36,8 +36,9 @@ warmup = 3  # untimed steps first; with compile=True they include the compilatio
 device: str | None = None  # None = cuda if available, else mps, else cpu (configurator.pick_device)
 dtype: str | None = None  # 'float32' or 'bfloat16' (autocast); None = bfloat16 on CUDA when supported
 compile = False  # torch.compile each model before timing
-vit = False  # True: the study's ViT (6 layers, 4 heads, width 256, 4x4 patches of 32x32 images) per norm instead
-# -----------------------------------------------------------------------------------------------------------
+# True: the study's ViT (6 layers, 4 heads, width 256, 4x4 patches of 32x32 images) per norm instead
+vit = False
+# -------------------------------------------------------------------------------------------------------
 DEFAULTS, OPTIONAL_TYPES = config_keys(globals())
 ATTNS = ('standard', 'diff')
 
@@ -93,14 +94,17 @@ def main(argv):
     if min(cfg['batch_size'], cfg['steps']) < 1 or cfg['warmup'] < 0:
         raise SystemExit('error: batch_size and steps must be positive, warmup >= 0')
     if cfg['compile'] and cfg['warmup'] < 1:
-        raise SystemExit('error: compile=True needs warmup >= 1: the first step compiles, and must not be timed')
+        raise SystemExit('error: compile=True needs warmup >= 1: the first step compiles, and must not '
+                         'be timed')
     # GPU kernels run asynchronously: wait for them before reading the clock
-    sync = {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(torch.device(dev).type, lambda: None)
+    sync = {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(torch.device(dev).type,
+                                                                             lambda: None)
 
     torch.manual_seed(0)
     B, T = cfg['batch_size'], cfg['block_size']
     if cfg['vit']:
-        variants = {f'ViT norm={norm}': ViT(ViTConfig(n_layer=6, n_head=4, n_embd=256, bias=True, norm=norm))
+        variants = {f'ViT norm={norm}': ViT(ViTConfig(n_layer=6, n_head=4, n_embd=256, bias=True,
+                                                      norm=norm))
                     for norm in NORMS}
         inputs, targets, unit, per_step = torch.randn(B, 3, 32, 32), torch.randint(10, (B,)), 'images', B
         shape = dict(n_layer=6, n_head=4, n_embd=256, patch_size=4)
@@ -113,12 +117,15 @@ def main(argv):
         unit, per_step = 'tokens', B * T
     variants = {name: model.to(dev).train() for name, model in variants.items()}
     if cfg['compile']:
-        # The GPT variants share GPT.forward's code: each one is a recompile of it, and past the limit (8 by
-        # default) dynamo runs the rest eager, with only a warning (newer PyTorch names the limit recompile_limit)
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, len(variants))
+        # The GPT variants share GPT.forward's code: each one is a recompile of it, and past the limit
+        # (8 by default) dynamo runs the rest eager, with only a warning (newer PyTorch names the limit
+        # recompile_limit)
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit,
+                                                    len(variants))
         variants = {name: torch.compile(model) for name, model in variants.items()}
 
-    def step_time(model, x, y):  # the previous step ended with sync(): the clock starts on an idle device
+    # the previous step ended with sync(): the clock starts on an idle device
+    def step_time(model, x, y):
         t0 = time.perf_counter()
         model.zero_grad(set_to_none=True)
         with ctx:
@@ -128,11 +135,12 @@ def main(argv):
         return time.perf_counter() - t0
 
     print(f"shape {shape}, batch {B}, device {dev}, dtype {dtype}, compile {cfg['compile']}, threads "
-          f"{torch.get_num_threads()}; median of {cfg['steps']} steps after {cfg['warmup']} warm-up, the variants "
-          "taking turns step by step")
+          f"{torch.get_num_threads()}; median of {cfg['steps']} steps after {cfg['warmup']} warm-up, "
+          "the variants taking turns step by step")
     inputs, targets = inputs.to(dev), targets.to(dev)
     times = {name: [] for name in variants}
-    for i in range(cfg['warmup'] + cfg['steps']):  # interleaved: a slow spell of the machine hits every variant alike
+    # interleaved: a slow spell of the machine hits every variant alike
+    for i in range(cfg['warmup'] + cfg['steps']):
         for name, model in variants.items():
             dt = step_time(model, inputs, targets)
             if i >= cfg['warmup']:

@@ -1,6 +1,7 @@
 """
-Plots, where matplotlib is installed (it is optional: tables and JSON never need it): analyze.py's --plot=DIR,
-and the helpers the study's report draws with. An annex: without it, analyze.py --plot says so.
+Plots, where matplotlib is installed (it is optional: tables and JSON never need it): analyze.py's
+--plot=DIR, and the helpers the study's report draws with. An annex: without it, analyze.py --plot says
+so.
 """
 import os
 
@@ -11,13 +12,15 @@ from data.common import atomic_write
 
 
 def pyplot():
-    """matplotlib.pyplot on a file-only backend, or None (with a note) when matplotlib is not installed."""
+    """matplotlib.pyplot on a file-only backend, or None (with a note) when matplotlib is not
+    installed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib is not installed: plots skipped (pip install matplotlib); tables and JSON are complete")
+        print("matplotlib is not installed: plots skipped (pip install matplotlib); tables and JSON are "
+              "complete")
         return None
     return plt
 
@@ -30,8 +33,8 @@ def save_png(fig, path):
 
 
 def analysis_plots(results, labels, esds, outdir):
-    """analyze.py --plot=DIR: saturation by threshold and by layer, each weight's ESD with its power-law fit,
-    activation effective rank by block, alpha against 1/std."""
+    """analyze.py --plot=DIR: saturation by threshold and by layer, each weight's ESD with its power-law
+    fit, activation effective rank by block, alpha against 1/std."""
     plt = pyplot()
     if plt is None:
         return
@@ -39,7 +42,8 @@ def analysis_plots(results, labels, esds, outdir):
 
     def save(fig, name):
         save_png(fig, os.path.join(outdir, name))
-    sat_runs = [(lab, r["saturation"]) for lab, r in zip(labels, results) if r.get("saturation", {}).get("global")]
+    sat_runs = [(lab, r["saturation"]) for lab, r in zip(labels, results)
+                if r.get("saturation", {}).get("global")]
     if sat_runs:
         fig, ax = plt.subplots(figsize=(7, 4))
         for lab, s in sat_runs:
@@ -49,7 +53,8 @@ def analysis_plots(results, labels, esds, outdir):
         ax.legend()
         save(fig, "saturation_thresholds.png")
         fig, ax = plt.subplots(figsize=(10, 4))
-        names = list(dict.fromkeys(n for _, s in sat_runs for n, l in s["layers"].items() if l["saturation"]))
+        names = list(dict.fromkeys(n for _, s in sat_runs for n, l in s["layers"].items()
+                                   if l["saturation"]))
         i, w = sat_runs[0][1]["thresholds"].index(HEADLINE_T), 0.8 / len(sat_runs)
         for k, (lab, s) in enumerate(sat_runs):
             ls = s["layers"]
@@ -60,14 +65,17 @@ def analysis_plots(results, labels, esds, outdir):
         ax.legend()
         save(fig, "saturation_layers.png")
     for name in dict.fromkeys(n for e in esds for n in e):
-        have = [(lab, r, e) for lab, r, e in zip(labels, results, esds) if name in e and name in r["spectra"]["layers"]]
+        have = [(lab, r, e) for lab, r, e in zip(labels, results, esds)
+                if name in e and name in r["spectra"]["layers"]]
         fig, axes = plt.subplots(1, len(have), figsize=(4.5 * len(have), 3.8), squeeze=False)
         for ax, (lab, r, e) in zip(axes[0], have):
             ev, f = e[name][e[name] > EVALS_THRESH], r["spectra"]["layers"][name]
             bins = np.logspace(np.log10(ev.min()), np.log10(ev.max()), 60)
             ax.hist(ev, bins=bins, density=True, alpha=0.6)
-            tail = np.logspace(np.log10(f["xmin"]), np.log10(ev.max()), 50)   # fitted density, scaled to the tail share
-            ax.plot(tail, f["num_tail"] / len(ev) * (f["alpha"] - 1) / f["xmin"] * (tail / f["xmin"]) ** -f["alpha"],
+            # fitted density, scaled to the tail share
+            tail = np.logspace(np.log10(f["xmin"]), np.log10(ev.max()), 50)
+            ax.plot(tail, f["num_tail"] / len(ev) * (f["alpha"] - 1) / f["xmin"]
+                    * (tail / f["xmin"]) ** -f["alpha"],
                     "r--", label=f"alpha={f['alpha']:.2f}, D={f['D']:.3f}")
             ax.axvline(f["xmin"], c="r", lw=0.8)
             ax.set(xscale="log", yscale="log", xlabel="eigenvalue", title=f"{lab}\n{name}")
@@ -84,7 +92,8 @@ def analysis_plots(results, labels, esds, outdir):
         fig, ax = plt.subplots(figsize=(5, 5))
         for lab, r in zip(labels, results):
             ls = r["alpha"]["layers"].values()
-            ax.scatter([l["inv_std"] for l in ls], [l["alpha"] for l in ls], label=f"{lab} r={fmt(r['alpha']['pearson'], '.2f')}")
+            ax.scatter([l["inv_std"] for l in ls], [l["alpha"] for l in ls],
+                       label=f"{lab} r={fmt(r['alpha']['pearson'], '.2f')}")
         ax.set(xlabel="1 / input std", ylabel="learned alpha", title="DyT/Derf alpha vs 1/std")
         ax.legend()
         save(fig, "alpha_vs_inv_std.png")

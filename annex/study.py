@@ -374,7 +374,11 @@ def cmd_screen(argv):
 
 def main(argv):
     if not argv or argv[0] not in ('screen', 'run', 'report'):
-        raise SystemExit(__doc__.strip() + '\n\nusage: python annex/study.py {screen|run|report} ...')
+        usage = __doc__.strip() + '\n\nusage: python annex/study.py {screen|run|report} ...'
+        if argv[:1] in (['--help'], ['-h']):
+            print(usage)
+            return 0
+        raise SystemExit(usage)
     if argv[0] == 'report':
         from annex import report  # here, not above: annex/report.py imports this file's helpers
         return report.main(argv[1:])

@@ -1,7 +1,8 @@
 """
-The study's vision check: a ViT (Dosovitskiy et al. 2021) of model.py's blocks with attention made non-causal,
-and CIFAR-10 as train.py reads it (docs/vision.md). An annex: train.py imports it only for image data
-(data/cifar10/prepare.py writes meta.json with "kind": "images"); checkpoint.py for a ViT checkpoint.
+The study's vision check: a ViT (Dosovitskiy et al. 2021) of model.py's blocks with attention made
+non-causal, and CIFAR-10 as train.py reads it (docs/vision.md). An annex: train.py imports it only for
+image data (data/cifar10/prepare.py writes meta.json with "kind": "images"); checkpoint.py for a ViT
+checkpoint.
 
   python data/cifar10/prepare.py && python train.py config/vit_cifar10_dyt.py
 """
@@ -20,8 +21,8 @@ from model import GPT, Block, GPTConfig, make_norm
 
 @dataclass
 class ViTConfig(GPTConfig):
-    """A GPTConfig for images: the block fields (norm, attn, mlp, dyt_alpha*, ...) mean the same; the sequence
-    is the image's patches, plus a class token with pool='cls'."""
+    """A GPTConfig for images: the block fields (norm, attn, mlp, dyt_alpha*, ...) mean the same; the
+    sequence is the image's patches, plus a class token with pool='cls'."""
     image_size: int = 32
     channels: int = 3
     n_classes: int = 10
@@ -44,9 +45,9 @@ class ViTConfig(GPTConfig):
 
 
 class ViT(nn.Module):
-    """Patches -> one linear layer (a convolution with stride = kernel = patch_size) (+ class token) + learned
-    positions -> model.py's blocks, attention non-causal -> final norm -> class token or mean -> a linear
-    classifier. Init and weight decay follow timm's ViT (the DyT paper's vision code)."""
+    """Patches -> one linear layer (a convolution with stride = kernel = patch_size) (+ class token) +
+    learned positions -> model.py's blocks, attention non-causal -> final norm -> class token or mean ->
+    a linear classifier. Init and weight decay follow timm's ViT (the DyT paper's vision code)."""
     no_decay = ('transformer.wpe.weight',)  # as timm's ViT (the 1-D class token is not decayed either)
     # GPT's parameter count, AdamW groups and MFU hold for a ViT as they are
     get_num_params, configure_optimizers, estimate_mfu = GPT.get_num_params, GPT.configure_optimizers, \
@@ -71,9 +72,10 @@ class ViT(nn.Module):
             nn.init.normal_(self.cls_token, std=1e-6)
 
     def _init_weights(self, module):
-        """timm's ViT: every linear layer N(0, 0.02), the residual projections too (no GPT-2 depth scaling), biases
-        0; the patch embedding keeps PyTorch's convolution default U(+-1/sqrt(fan_in)); positions N(0,
-        emb_init_std); the class token N(0, 1e-6); norms and Diff lambdas as in the GPT."""
+        """timm's ViT: every linear layer N(0, 0.02), the residual projections too (no GPT-2 depth
+        scaling), biases 0; the patch embedding keeps PyTorch's convolution default U(+-1/sqrt(fan_in));
+        positions N(0, emb_init_std); the class token N(0, 1e-6); norms and Diff lambdas as in the
+        GPT."""
         if isinstance(module, nn.Linear) and module is not self.transformer.patch:
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
             if module.bias is not None:
@@ -82,14 +84,15 @@ class ViT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=self.config.emb_init_std)
 
     def hidden(self, images):
-        """(B, channels, H, W) float images -> the final norm's output (B, tokens, n_embd), the class token
-        first."""
+        """(B, channels, H, W) float images -> the final norm's output (B, tokens, n_embd), the class
+        token first."""
         B, C, H, W = images.shape
         p = self.config.patch_size
         if (C, H, W) != (self.config.channels, self.config.image_size, self.config.image_size):
             raise ValueError(f"images of shape {(C, H, W)}; this ViT takes "
                              f"{(self.config.channels, self.config.image_size, self.config.image_size)}")
-        # each patch flattened in (channel, row, column) order, like a convolution kernel, patches row by row
+        # each patch flattened in (channel, row, column) order, like a convolution kernel; patches row
+        # by row
         x = images.unfold(2, p, p).unfold(3, p, p).permute(0, 2, 3, 1, 4, 5).reshape(B, -1, C * p * p)
         x = self.transformer.patch(x)
         if self.cls_token is not None:
@@ -108,15 +111,16 @@ class ViT(nn.Module):
         logits = self.head(x[:, 0] if self.cls_token is not None else x.mean(dim=1))
         return logits, None if targets is None else F.cross_entropy(logits, targets)
 
-# ------------------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------------
 # CIFAR-10 as train.py reads it
 
 
 class ImageData:
-    """Labelled images (uint8 N x C x H x W). Training sees every image once per epoch, in an order drawn per
-    epoch, zero-padded by `pad`, randomly cropped back and mirrored half of the time (the CIFAR recipe);
-    evaluation sees the images as they are. A sample is a row (image index, crop row offset, crop column
-    offset, mirrored). Like train.py's token windows, a step's samples are a function of (seed, step) alone."""
+    """Labelled images (uint8 N x C x H x W). Training sees every image once per epoch, in an order drawn
+    per epoch, zero-padded by `pad`, randomly cropped back and mirrored half of the time (the CIFAR
+    recipe); evaluation sees the images as they are. A sample is a row (image index, crop row offset,
+    crop column offset, mirrored). Like train.py's token windows, a step's samples are a function of
+    (seed, step) alone."""
     unit, predicted = 'images', 'class'
     MEAN = (0.4914, 0.4822, 0.4465)  # CIFAR-10 train set per-channel mean and std of pixel/255
     STD = (0.2470, 0.2435, 0.2616)
@@ -130,32 +134,39 @@ class ImageData:
                             f'{self.x_val.shape[1:]}')
         self.dims = dict(image_size=H, channels=C, n_classes=int(self.y_train.max()) + 1)
         p = np.bincount(self.y_train) / self.n_train
-        self.entropy = float(-(p[p > 0] * np.log(p[p > 0])).sum())  # the loss of predicting class frequencies
+        # the loss of predicting class frequencies
+        self.entropy = float(-(p[p > 0] * np.log(p[p > 0])).sum())
         self.eval_ids = {'train': self.rows(torch.from_numpy(
                              np.random.default_rng(eval_seed).permutation(self.n_train)[:eval_count])),
                          'val': self.rows(torch.arange(len(self.y_val)))}  # the whole test set
         self.perms, self.scales = {}, {}
 
     def model_args(self, config):
-        """A ViT's model_args from train.py's config: ViTConfig's fields, the image sizes from the data."""
-        return {f.name: config[f.name] for f in fields(ViTConfig) if f.init and f.name not in self.dims} \
-            | self.dims
+        """A ViT's model_args from train.py's config (ViTConfig's fields, the image sizes from the data),
+        checked before anything is built."""
+        args = {f.name: config[f.name] for f in fields(ViTConfig) if f.init and f.name not in self.dims}
+        try:
+            ViTConfig(**args, **self.dims)
+        except ValueError as e:
+            raise SystemExit(f'error: {e}') from None
+        return args | self.dims
 
     def rows(self, index):
-        """Samples of the images as they are: the crop at offset (pad, pad) of the padded image, not mirrored."""
+        """Samples of the images as they are: the crop at offset (pad, pad) of the padded image, not
+        mirrored."""
         return torch.stack([index, torch.full_like(index, self.pad), torch.full_like(index, self.pad),
                             torch.zeros_like(index)], dim=1)
 
     def epoch_order(self, seed, epoch):
         if (seed, epoch) not in self.perms:  # a step reads one or two epochs' orders: keep the last few
             g = torch.Generator().manual_seed(derived_seed(seed, 'epoch', epoch))
-            self.perms = dict(list(self.perms.items())[-2:]) | {(seed, epoch): torch.randperm(self.n_train,
-                                                                                              generator=g)}
+            self.perms = dict(list(self.perms.items())[-2:]) | {
+                (seed, epoch): torch.randperm(self.n_train, generator=g)}
         return self.perms[(seed, epoch)]
 
     def draw(self, seed, step, count):
-        """The samples of step `step`: places step x count ... of the endless run of epoch orders, each with a
-        crop offset in [0, 2 pad] (row and column) and a coin for the mirror."""
+        """The samples of step `step`: places step x count ... of the endless run of epoch orders, each
+        with a crop offset in [0, 2 pad] (row and column) and a coin for the mirror."""
         place = torch.arange(step * count, (step + 1) * count)
         epoch, index = place // self.n_train, torch.empty(count, dtype=torch.long)
         for e in epoch.unique().tolist():
@@ -165,12 +176,14 @@ class ImageData:
         return torch.cat([index[:, None], crops, torch.randint(2, (count, 1), generator=g)], dim=1)
 
     def batch(self, split, rows, device):
-        """(normalised float images, labels) on the device; the crop and mirror are applied on the CPU, in
-        uint8."""
+        """(normalised float images, labels) on the device; the crop and mirror are applied on the CPU,
+        in uint8."""
         x, y = (self.x_train, self.y_train) if split == 'train' else (self.x_val, self.y_val)
         index = rows[:, 0].numpy()
-        images = crop_and_flip(torch.from_numpy(x[index]), rows[:, 1], rows[:, 2], rows[:, 3].bool(), self.pad)
-        images, labels = to_device(images, device).float().div_(255), to_device(torch.from_numpy(y[index]), device)
+        images = crop_and_flip(torch.from_numpy(x[index]), rows[:, 1], rows[:, 2], rows[:, 3].bool(),
+                               self.pad)
+        images, labels = (to_device(images, device).float().div_(255),
+                          to_device(torch.from_numpy(y[index]), device))
         if images.device not in self.scales:  # put on the device once, not at every batch
             self.scales[images.device] = [torch.tensor(v, device=images.device).view(1, -1, 1, 1)
                                           for v in (self.MEAN, self.STD)]
@@ -179,13 +192,15 @@ class ImageData:
 
 
 def crop_and_flip(images, dy, dx, flip, pad):
-    """Each image (N, C, H, W) zero-padded by `pad` on every side, cropped back to H x W at offset (dy[i], dx[i])
-    of the padded image, and mirrored left-right where flip[i]. One gather for the whole batch."""
+    """Each image (N, C, H, W) zero-padded by `pad` on every side, cropped back to H x W at offset
+    (dy[i], dx[i]) of the padded image, and mirrored left-right where flip[i]. One gather for the whole
+    batch."""
     N, C, H, W = images.shape
     padded = F.pad(images, (pad, pad, pad, pad))
     rows = dy[:, None] + torch.arange(H)
     cols = dx[:, None] + torch.arange(W)
-    cols = torch.where(flip[:, None], cols.flip(1), cols)  # a mirrored crop reads its columns right to left
+    # a mirrored crop reads its columns right to left
+    cols = torch.where(flip[:, None], cols.flip(1), cols)
     return padded[torch.arange(N)[:, None, None, None], torch.arange(C)[None, :, None, None],
                   rows[:, None, :, None], cols[:, None, None, :]]
 
@@ -194,13 +209,13 @@ def open_images(dataset, data_dir, eval_count, eval_seed):
     """(meta.json, ImageData) of a prepared CIFAR-format folder (data/cifar10/prepare.py)."""
     from data.cifar10.prepare import load
     folder = data_dir or os.path.join(DATA_DIR, dataset)
-    return load_meta(dataset, data_dir), ImageData(load('train', folder), load('test', folder), eval_count,
-                                                   eval_seed)
+    return load_meta(dataset, data_dir), ImageData(load('train', folder), load('test', folder),
+                                                   eval_count, eval_seed)
 
 
 def analysis_images(dataset, data_dir, count, seed):
-    """analyze.py's inputs for a ViT: the first `count` of the fixed train images train.py evaluates on (with
-    its seed), as they are, and the number of train images."""
+    """analyze.py's inputs for a ViT: the first `count` of the fixed train images train.py evaluates on
+    (with its seed), as they are, and the number of train images."""
     if load_meta(dataset, data_dir)['kind'] != 'images':
         raise DataError(f"dataset '{dataset}' is not image data: pass the ViT's --dataset=NAME")
     _, data = open_images(dataset, data_dir, count, seed)

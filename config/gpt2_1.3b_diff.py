@@ -1,4 +1,5 @@
-# GPT-2 1.3b (24 layers, 32 heads, 2048 wide): Differential Attention (heads halved inside the model), LayerNorm.
+# GPT-2 1.3b (24 layers, 32 heads, 2048 wide): Differential Attention (heads halved inside the model),
+# LayerNorm.
 from config.study import *
 
 n_layer, n_head, n_embd = 24, 32, 2048

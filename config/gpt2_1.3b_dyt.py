@@ -1,4 +1,5 @@
-# GPT-2 1.3b (24 layers, 32 heads, 2048 wide): Dynamic Tanh in place of every LayerNorm, alpha0 = 2.0 as in the study.
+# GPT-2 1.3b (24 layers, 32 heads, 2048 wide): Dynamic Tanh in place of every LayerNorm, alpha0 = 2.0 as
+# in the study.
 from config.study import *
 
 n_layer, n_head, n_embd = 24, 32, 2048

@@ -1,4 +1,5 @@
-# GPT-2 124m (12 layers, 12 heads, 768 wide): Differential Attention (heads halved inside the model), LayerNorm.
+# GPT-2 124m (12 layers, 12 heads, 768 wide): Differential Attention (heads halved inside the model),
+# LayerNorm.
 from config.study import *
 
 n_layer, n_head, n_embd = 12, 12, 768

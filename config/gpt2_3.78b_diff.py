@@ -1,4 +1,5 @@
-# GPT-2 3.78b (32 layers, 32 heads, 3072 wide): Differential Attention (heads halved inside the model), LayerNorm.
+# GPT-2 3.78b (32 layers, 32 heads, 3072 wide): Differential Attention (heads halved inside the model),
+# LayerNorm.
 from config.study import *
 
 n_layer, n_head, n_embd = 32, 32, 3072

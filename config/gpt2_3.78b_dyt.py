@@ -1,4 +1,5 @@
-# GPT-2 3.78b (32 layers, 32 heads, 3072 wide): Dynamic Tanh in place of every LayerNorm, alpha0 = 2.0 as in the study.
+# GPT-2 3.78b (32 layers, 32 heads, 3072 wide): Dynamic Tanh in place of every LayerNorm, alpha0 = 2.0 as
+# in the study.
 from config.study import *
 
 n_layer, n_head, n_embd = 32, 32, 3072

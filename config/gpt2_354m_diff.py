@@ -1,4 +1,5 @@
-# GPT-2 354m (24 layers, 16 heads, 1024 wide): Differential Attention (heads halved inside the model), LayerNorm.
+# GPT-2 354m (24 layers, 16 heads, 1024 wide): Differential Attention (heads halved inside the model),
+# LayerNorm.
 from config.study import *
 
 n_layer, n_head, n_embd = 24, 16, 1024

@@ -1,5 +1,5 @@
 # GPT-2 64m (12 layers, 8 heads, 512 wide): Dynamic erf (Chen et al. 2025) in place of every LayerNorm.
-# alpha0 = 2.0 as the study's DyT, so that the two differ only in the function (Derf's own default is 0.5).
+# alpha0 = 2.0 as the study's DyT, so that the two differ only in the function (Derf's default is 0.5).
 from config.study import *
 
 n_layer, n_head, n_embd = 12, 8, 512

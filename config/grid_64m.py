@@ -1,16 +1,18 @@
-# The study's 64m row (Verma 2026, arXiv 2604.23434): LayerNorm, DyT (alpha0 2.0) and Differential Attention at
-# four data budgets, three seeds: 36 runs of 5000 steps with the study's protocol (config/study.py).
+# The study's 64m row (Verma 2026, arXiv 2604.23434): LayerNorm, DyT (alpha0 2.0) and Differential
+# Attention at four data budgets, three seeds: 36 runs of 5000 steps with the study's protocol
+# (config/study.py).
 #   python annex/study.py run config/grid_64m.py --nproc=8   # job array: --shard=$SLURM_ARRAY_TASK_ID/4
 #   python annex/study.py report out/grid_64m
 # Grid keys (paths relative to the repository root):
 #   scales     {name: train.py config file, or {key: value} overrides on train.py's defaults}
 #   budgets    [train_tokens]; None = the whole train split
-#   variants   [names]: ln rmsnorm dyt derf hardtanh diff dyt_diff llama_ln llama_rmsnorm llama_dyt llama_dyt_gelu,
-#              or your own from custom_variants = {name: {key: value}}
+#   variants   [names]: ln rmsnorm dyt derf hardtanh diff dyt_diff llama_ln llama_rmsnorm llama_dyt
+#              llama_dyt_gelu, or your own from custom_variants = {name: {key: value}}
 #   seeds      [ints]
 #   overrides  {key: value} for every cell (after the scale and the variant)
-#   out_dir    default out/<grid file name>; screen_steps: the step whose saturation the report calls the screen's
+#   out_dir    default out/<grid file name>; screen_steps: the step whose saturation the report calls the
+#              screen's
 scales = {'64m': 'config/gpt2_64m_ln.py'}
-budgets = [1_000_000, 10_000_000, 50_000_000, None]  # None: all of WikiText-103 train, the study's "118M"
+budgets = [1_000_000, 10_000_000, 50_000_000, None]  # None: all WikiText-103 train, the study's "118M"
 variants = ['ln', 'dyt', 'diff']
 seeds = [1337, 42, 7]

@@ -1,12 +1,15 @@
-# The study in miniature, on a CPU: LayerNorm against DyT at three data budgets, two seeds, about 16 minutes on
-# 2 cores, and the sign flip shows (README, "The CPU miniature"):
+# The study in miniature, on a CPU: LayerNorm against DyT at three data budgets, two seeds, about 16
+# minutes on 2 cores, and the sign flip shows (docs/miniature.md):
 #   python annex/study.py run config/grid_mini.py && python annex/study.py report out/grid_mini
-# train.py's default model and corpus (4 layers, 4 heads, width 128, block 128, batch 16, lr 2e-3 after 30
-# warmup steps, emb_init_std 0.3; the offline pydocs corpus, bytes) for 500 steps: 1.0M tokens seen, i.e. 100
-# epochs of the 10K budget, 10 of 100K and 0.55 of the whole 1.86M-token split. Keys: see config/grid_64m.py.
-scales = {'mini': dict(max_iters=500, lr_decay_iters=500, eval_interval=50, eval_iters=10, log_interval=50)}
+# train.py's default model and corpus (4 layers, 4 heads, width 128, block 128, batch 16, lr 2e-3 after
+# 30 warmup steps, emb_init_std 0.3; the offline pydocs corpus, bytes) for 500 steps: 1.0M tokens seen,
+# i.e. 100 epochs of the 10K budget, 10 of 100K and 0.55 of the whole 1.86M-token split. Keys: see
+# config/grid_64m.py.
+scales = {'mini': dict(max_iters=500, lr_decay_iters=500, eval_interval=50, eval_iters=10,
+                       log_interval=50)}
 budgets = [10_000, 100_000, None]
 variants = ['ln', 'dyt']
 seeds = [1337, 42]
-overrides = dict(dyt_alpha=0.5)  # the DyT paper's default: the study's 2.0 shrinks the small-budget gain here
+# the DyT paper's default: the study's 2.0 shrinks the small-budget gain here
+overrides = dict(dyt_alpha=0.5)
 screen_steps = 50  # a tenth of the run, as 500 is of the study's 5000 steps

@@ -1,4 +1,5 @@
-# Llama-style 64m (RoPE, SwiGLU, grouped-query attention with 4 key/value heads): DyT (alpha0 = 2.0); collapses in 1 of 3 seeds in the study.
+# Llama-style 64m (RoPE, SwiGLU, grouped-query attention with 4 key/value heads): DyT (alpha0 = 2.0);
+# collapses in 1 of 3 seeds in the study.
 from config.study import *
 
 n_layer, n_head, n_embd = 12, 8, 512

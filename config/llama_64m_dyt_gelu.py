@@ -1,4 +1,5 @@
-# Llama-style 64m with DyT (alpha0 = 2.0) and the GELU MLP instead of SwiGLU, which rescues training in the study.
+# Llama-style 64m with DyT (alpha0 = 2.0) and the GELU MLP instead of SwiGLU, which rescues training in
+# the study.
 from config.study import *
 
 n_layer, n_head, n_embd = 12, 8, 512

@@ -1,4 +1,5 @@
-# Llama-style 64m (RoPE, SwiGLU, grouped-query attention with 4 key/value heads): LayerNorm, the study's Llama baseline.
+# Llama-style 64m (RoPE, SwiGLU, grouped-query attention with 4 key/value heads): LayerNorm, the study's
+# Llama baseline.
 from config.study import *
 
 n_layer, n_head, n_embd = 12, 8, 512

@@ -1,5 +1,6 @@
-# The study's training protocol (Verma 2026; README "Scales and configs"), shared by every config/gpt2_*.py and config/llama_*.py.
-# Those files `from config.study import *`, then set the shape and the variant; --key=value overrides all.
+# The study's training protocol (Verma 2026; docs/model.md, "Scales and configs"), shared by every
+# config/gpt2_*.py and config/llama_*.py. Those files `from config.study import *`, then set the shape
+# and the variant; --key=value overrides all.
 # Data budgets (1M/10M/50M/118M tokens) and seeds (1337/42/7) are set per run, each in its own out_dir
 # (train.py refuses an out_dir that already holds a run, unless --overwrite=True), e.g.
 #   torchrun --nproc_per_node=8 train.py config/gpt2_64m_dyt.py --train_tokens=1_000_000 --seed=42 \
@@ -7,7 +8,8 @@
 dataset = 'wikitext103'
 block_size = 512
 batch_size = 8
-gradient_accumulation_steps = 8  # global: 8 x 8 = 64 sequences = 32,768 tokens per step, whatever the GPU count
+# global: 8 x 8 = 64 sequences = 32,768 tokens per step, whatever the GPU count
+gradient_accumulation_steps = 8
 max_iters = 5000
 learning_rate = 3e-4
 warmup_iters = 2000
@@ -18,7 +20,8 @@ beta1, beta2 = 0.9, 0.95
 grad_clip = 1.0
 dropout = 0.0
 bias = False
-emb_init_std = 0.02  # GPT-2's init, as the study (train.py's small default model uses a larger one: README)
+# GPT-2's init, as the study (train.py's small default model uses a larger one: docs/collapse.md)
+emb_init_std = 0.02
 eval_interval = 500
 eval_iters = 50
 compile = True

@@ -1,7 +1,8 @@
 # The study's vision recipe (Verma 2026, after the DyT paper's vision setting; docs/vision.md),
-# shared by config/vit_cifar10_*.py: a ViT of 6 layers, 4 heads, width 256 on 4x4 patches with a class token
-# (4.8M parameters), 100 epochs of CIFAR-10's 50,000 train images, batch 128, AdamW lr 1e-3, weight decay 0.05,
-# cosine to 0, random crop (zero padding 4) and horizontal flip. train.py builds a ViT because the data are images:
+# shared by config/vit_cifar10_*.py: a ViT of 6 layers, 4 heads, width 256 on 4x4 patches with a class
+# token (4.8M parameters), 100 epochs of CIFAR-10's 50,000 train images, batch 128, AdamW lr 1e-3, weight
+# decay 0.05, cosine to 0, random crop (zero padding 4) and horizontal flip. train.py builds a ViT
+# because the data are images:
 #   python data/cifar10/prepare.py && python train.py config/vit_cifar10_dyt.py
 dataset = 'cifar10'
 n_layer, n_head, n_embd = 6, 4, 256
@@ -14,7 +15,8 @@ batch_size = 128
 gradient_accumulation_steps = 1
 max_iters = 39_063  # 100 epochs: ceil(100 x 50,000 / 128) steps
 lr_decay_iters = 39_063
-eval_interval = 391  # about an epoch: train accuracy on 1,280 fixed train images, val (the test set) on all 10,000
+# about an epoch: train accuracy on 1,280 fixed train images, val (the test set) on all 10,000
+eval_interval = 391
 eval_iters = 10
 log_interval = 100
 learning_rate = 1e-3

@@ -1,4 +1,5 @@
-# ViT on CIFAR-10 (config/vision.py's recipe) with Derf at its paper's alpha0 0.5 and shift0 0 (no study figure).
+# ViT on CIFAR-10 (config/vision.py's recipe) with Derf at its paper's alpha0 0.5 and shift0 0 (no study
+# figure).
 from config.vision import *
 
 norm = 'derf'

@@ -1,4 +1,5 @@
-# ViT on CIFAR-10 (config/vision.py's recipe) with LayerNorm: the baseline (the study: 72.4% test accuracy).
+# ViT on CIFAR-10 (config/vision.py's recipe) with LayerNorm: the baseline (the study: 72.4% test
+# accuracy).
 from config.vision import *
 
 norm = 'layernorm'

@@ -1,7 +1,7 @@
 """
-The prepare scripts' tools: one robust downloader for every data set (mirrors, resume, retries, checksums),
-GPT-2's BPE (tiktoken's download, or an offline ranks file), tokenization of large texts on every core into
-token files, and the scripts' command line.
+The prepare scripts' tools: one robust downloader for every data set (mirrors, resume, retries,
+checksums), GPT-2's BPE (tiktoken's download, or an offline ranks file), tokenization of large texts on
+every core into token files, and the scripts' command line.
 """
 import functools
 import hashlib
@@ -21,12 +21,14 @@ from data.common import TIKTOKEN_ENV, DataError, atomic_write
 GPT2_RANKS_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 # some hosts (wikitext.smerity.com) answer 403 to the default python-requests agent
-USER_AGENT = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0 Safari/537.36"
+USER_AGENT = ("Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0 "
+              "Safari/537.36")
 
 
 # ----------------------------------------------------------------------------- download
 
-def download(urls, dest, sha256=None, md5=None, size=None, headers=None, retries=4, backoff=2.0, timeout=60):
+def download(urls, dest, sha256=None, md5=None, size=None, headers=None, retries=4, backoff=2.0,
+             timeout=60):
     """Fetch `dest` from the first URL of `urls` that works; returns dest.
 
     Each mirror gets `retries` tries, `backoff * 2**k` seconds apart; a partial `dest + '.part'` is
@@ -59,9 +61,11 @@ def download(urls, dest, sha256=None, md5=None, size=None, headers=None, retries
                 print(f"  {url}: {what}", file=sys.stderr)
             tried.append(f"{url}: {what}")
     except OSError as e:  # local trouble: disk full, no permission, a file where a folder should be
-        raise DataError(f"cannot write {part}: {e}. Free some disk space or choose a writable folder.") from e
+        raise DataError(f"cannot write {part}: {e}. Free some disk space or choose a writable "
+                        "folder.") from e
     raise DataError(f"could not download {os.path.basename(dest)}:\n  " + "\n  ".join(tried) +
-                    f"\nDownload it by hand from one of these URLs and save it as {os.path.abspath(dest)}"
+                    "\nDownload it by hand from one of these URLs and save it as "
+                    f"{os.path.abspath(dest)}"
                     + (f" ({expected})" if expected else "") + ", then run again.")
 
 
@@ -109,7 +113,8 @@ def _fetch(url, part, headers, size, timeout):
         resumed = r.status_code == 206
         if resumed and not r.headers.get("Content-Range", "").startswith(f"bytes {have}-"):
             os.remove(part)
-            raise requests.RequestException(f"asked for bytes {have}- but got {r.headers.get('Content-Range')}")
+            raise requests.RequestException(f"asked for bytes {have}- but got "
+                                            f"{r.headers.get('Content-Range')}")
         if not resumed:
             have = 0  # plain 200: the server ignored Range and sends everything again
         length = r.headers.get("Content-Length")
@@ -123,7 +128,8 @@ def _fetch(url, part, headers, size, timeout):
                 done += len(block)
                 if time.time() - shown > 0.5:
                     shown = time.time()
-                    _progress(os.path.basename(part[:-5]), done, total, (done - have) / (shown - t0 + 1e-9))
+                    _progress(os.path.basename(part[:-5]), done, total,
+                              (done - have) / (shown - t0 + 1e-9))
         _progress(os.path.basename(part[:-5]), done, total, (done - have) / (time.time() - t0 + 1e-9))
         print(file=sys.stderr)
     if size is not None and done < size:
@@ -158,13 +164,13 @@ def _check(path, sha256, md5, size):
 
 @functools.lru_cache(maxsize=None)
 def gpt2_encoding(path=None):
-    """tiktoken's GPT-2 encoding: from tiktoken's cache (downloaded on first use), or from a ranks file at
-    `path` for machines without internet, its ids checked."""
+    """tiktoken's GPT-2 encoding: from tiktoken's cache (downloaded on first use), or from a ranks file
+    at `path` for machines without internet, its ids checked."""
     import tiktoken
     import tiktoken.load
     from tiktoken_ext.openai_public import r50k_pat_str  # the installed tiktoken's own GPT-2 regex
-    how = (f"Get {GPT2_RANKS_URL} (sha256 {GPT2_RANKS_SHA256}) on a machine with internet, copy it here and "
-           f"pass --tiktoken_file=PATH or set {TIKTOKEN_ENV}=PATH.")
+    how = (f"Get {GPT2_RANKS_URL} (sha256 {GPT2_RANKS_SHA256}) on a machine with internet, copy it here "
+           f"and pass --tiktoken_file=PATH or set {TIKTOKEN_ENV}=PATH.")
     if path is None:
         try:
             return tiktoken.get_encoding("gpt2")
@@ -179,7 +185,8 @@ def gpt2_encoding(path=None):
     except (ValueError, AssertionError) as e:
         raise DataError(f"{path} is not a GPT-2 .tiktoken ranks file ({e}). {how}") from e
     if enc.encode_ordinary("Hello world") != [15496, 995]:
-        raise DataError(f"{path} does not give GPT-2's ids ('Hello world' should be [15496, 995]). {how}")
+        raise DataError(f"{path} does not give GPT-2's ids ('Hello world' should be [15496, 995]). "
+                        f"{how}")
     return enc
 
 
@@ -227,14 +234,17 @@ def tokenize_to_file(tok, chunks, path, num_threads=None, batch=16):
             if tok.enc is None:
                 yield from (tok.encode(text) for text in group)
             else:  # tiktoken releases the GIL, so its threads run in parallel
-                yield from tok.enc.encode_ordinary_batch(group, num_threads=num_threads or os.cpu_count() or 1)
+                yield from tok.enc.encode_ordinary_batch(group,
+                                                         num_threads=num_threads or os.cpu_count() or 1)
             rate = nbytes / 1e6 / (time.time() - t0 + 1e-9)
-            sys.stderr.write(f"\r  {os.path.basename(path)}: {nbytes / 1e6:.1f} MB of text, {rate:.1f} MB/s ")
+            sys.stderr.write(f"\r  {os.path.basename(path)}: {nbytes / 1e6:.1f} MB of text, "
+                             f"{rate:.1f} MB/s ")
         sys.stderr.write("\n")
 
     n = write_tokens(path, arrays())
     dt = time.time() - t0
-    print(f"{path}: {n:,} tokens from {nbytes:,} bytes of text in {dt:.1f} s ({nbytes / 1e6 / (dt + 1e-9):.1f} MB/s)")
+    print(f"{path}: {n:,} tokens from {nbytes:,} bytes of text in {dt:.1f} s "
+          f"({nbytes / 1e6 / (dt + 1e-9):.1f} MB/s)")
     return n
 
 
@@ -272,8 +282,9 @@ def finished(out_dir, force):
 
 
 def cli(prepare, doc):
-    """A prepare script's command line, the configurator's: --force=True rebuilds, and --tiktoken_file=PATH (a
-    GPT-2 ranks file, or set NANONORM_TIKTOKEN_FILE) serves a `prepare` that tokenizes with GPT-2 offline."""
+    """A prepare script's command line, the configurator's: --force=True rebuilds, and
+    --tiktoken_file=PATH (a GPT-2 ranks file, or set NANONORM_TIKTOKEN_FILE) serves a `prepare` that
+    tokenizes with GPT-2 offline."""
     defaults = dict(force=False)
     if "tiktoken_file" in inspect.signature(prepare).parameters:
         defaults["tiktoken_file"] = None

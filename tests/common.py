@@ -13,7 +13,7 @@ from model import GPTConfig
 
 def gpt2_offline():
     """(available, ranks file) for the tests that need GPT-2's BPE, with no network: the file named by
-    NANONORM_TIKTOKEN_FILE (README "Data"), else tiktoken's own cache (ranks file None)."""
+    NANONORM_TIKTOKEN_FILE (docs/data.md), else tiktoken's own cache (ranks file None)."""
     path = os.environ.get('NANONORM_TIKTOKEN_FILE')
     if path:
         return os.path.isfile(path), path
@@ -29,7 +29,7 @@ def gpt2_offline():
 
 HAVE_GPT2, GPT2_RANKS = gpt2_offline()
 needs_gpt2 = pytest.mark.skipif(not HAVE_GPT2, reason=(
-    "needs GPT-2's BPE offline: set NANONORM_TIKTOKEN_FILE to a GPT-2 ranks file (README 'Data'), or "
+    "needs GPT-2's BPE offline: set NANONORM_TIKTOKEN_FILE to a GPT-2 ranks file (docs/data.md), or "
     "fill tiktoken's cache once with internet: "
     "python -c \"import tiktoken; tiktoken.get_encoding('gpt2')\""))
 

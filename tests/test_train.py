@@ -359,6 +359,22 @@ def test_stop_signal_checkpoints_and_auto_resumes_exactly(data_dir, tmp_path, ca
     assert before == {name: open(os.path.join(part, name)).read() for name in before}
 
 
+def test_a_stop_signal_in_the_last_step_lets_the_run_finish(data_dir, tmp_path, monkeypatch):
+    """The step after which max_iters is reached ends the run: a signal during it changes nothing."""
+    real_get_lr, sent = train.get_lr, []
+
+    def sigterm_at_the_last_step(it, cfg):
+        if it == 5 and not sent:
+            sent.append(it)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_get_lr(it, cfg)
+    monkeypatch.setattr(train, 'get_lr', sigterm_at_the_last_step)
+    out = str(tmp_path / 'last')
+    assert run(data_dir, out, '--max_iters=6', '--eval_interval=3') == 0
+    assert sent == [5] and records(out, 'stopped') == []
+    assert json.load(open(os.path.join(out, 'summary.json')))['status'] == 'finished'
+
+
 def test_divergence_stops_cleanly(data_dir, tmp_path):
     out = str(tmp_path / 'div')
     rc = run(data_dir, out, '--learning_rate=1e6', '--decay_lr=False', '--grad_clip=0.0',
@@ -441,7 +457,7 @@ def test_collapse_signs_are_warned(data_dir, tmp_path, capsys):
 def test_dyt_learns_below_the_unigram_loss_at_the_default_config(tmp_path):
     """`python train.py --norm=dyt` must learn, not collapse: with GPT-2's init (0.02, tied output layer)
     DyT's bounded features reach the unigram's logits only through a huge token-independent vector that
-    saturates every later DyT layer, and the loss sticks at the unigram entropy (README: "When DyT
+    saturates every later DyT layer, and the loss sticks at the unigram entropy (docs/collapse.md: "When DyT
     collapses"). The default init (0.3) learns; 0.02 collapses, and train.py warns of it."""
     from data.common import DATA_DIR
     runs = {}

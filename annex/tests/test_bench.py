@@ -10,8 +10,8 @@ import pytest
 from annex import bench
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--block_size=16", "--vocab_size=64", "--batch_size=2",
-        "--steps=1", "--warmup=0", "--device=cpu", "--dtype=float32"]
+TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--block_size=16", "--vocab_size=64",
+        "--batch_size=2", "--steps=1", "--warmup=0", "--device=cpu", "--dtype=float32"]
 
 
 def run_bench(*args):
@@ -25,8 +25,9 @@ def test_every_variant_gets_a_tokens_per_second_line():
     r = run_bench(*TINY)
     assert r.returncode == 0, r.stderr
     got = dict(re.findall(r"^(\S.*?)\s+([\d,]+) tokens/s$", r.stdout, re.M))
-    want = ["plain nanoGPT-style (LayerNorm)"] + [f"norm={n} attn={a}" for a in ("standard", "diff")
-                                                   for n in ("layernorm", "rmsnorm", "dyt", "derf", "hardtanh")]
+    want = ["plain nanoGPT-style (LayerNorm)"] + [
+        f"norm={n} attn={a}" for a in ("standard", "diff")
+        for n in ("layernorm", "rmsnorm", "dyt", "derf", "hardtanh")]
     assert list(got) == want
     assert all(int(v.replace(",", "")) > 0 for v in got.values())
     assert "device cpu, dtype float32, compile False" in r.stdout
@@ -52,7 +53,8 @@ def test_help_and_bad_keys(capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--help"])
     assert e.value.code == 0 and "steps = 10" in capsys.readouterr().out
-    for args, msg in [(["--stesp=3"], "unknown config key 'stesp' (from --stesp=3); did you mean steps?"),
+    for args, msg in [(["--stesp=3"],
+                       "unknown config key 'stesp' (from --stesp=3); did you mean steps?"),
                       (["--steps=x"], "config key 'steps' (from --steps=x) must be int"),
                       (["--dtype=float16"], "dtype='float16' is not known; use 'float32' or 'bfloat16'"),
                       (["--device=gpu"], "not a device name"),
@@ -61,4 +63,5 @@ def test_help_and_bad_keys(capsys):
                       (["--compile=True", "--warmup=0"], "compile=True needs warmup >= 1")]:
         with pytest.raises(SystemExit) as e:
             bench.main(args)
-        assert msg in e.value.code, args   # a message as exit code: Python prints it and exits with status 1
+        # a message as exit code: Python prints it and exits with status 1
+        assert msg in e.value.code, args

@@ -25,8 +25,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 class Favorite(torch.nn.Module):
     """Stand-in model over 8 tokens whose next-token distribution the test controls: after token t its
     favorite fav[t] has probability 0.3 and each other token 0.1 (logit log 3 vs 0: 3/10 and 1/10).
-    anchored=True also shifts the favorite by the window's first token, so the left edge of what the model
-    sees changes every prediction (like a real transformer reading its first token)."""
+    anchored=True also shifts the favorite by the window's first token, so the left edge of what the
+    model sees changes every prediction (like a real transformer reading its first token)."""
 
     def __init__(self, fav, block_size=64, anchored=False):
         super().__init__()
@@ -64,7 +64,8 @@ def test_lambada_rule():
     passages = ["ef abc",     # every target token greedy: ' ' a b c
                 "ef abd",     # right except the last token (after b the favorite is c)
                 "e fa abc",   # split at the LAST space; the first target token is wrong
-                "ef  abc"]    # the first space moves to the target "  abc": P(' '|f) .3, P(' '|' ') .1, then .3
+                "ef  abc"]    # the first space moves to the target "  abc":
+                              # P(' '|f) .3, P(' '|' ') .1, then .3
     model = Favorite(NEXT)
     r = ev.eval_lambada(model, CharTok(), passages, limit=None, batch_tokens=14, device="cpu")
     assert r["n"] == 4 and r["acc"] == pytest.approx(1 / 4)
@@ -72,8 +73,10 @@ def test_lambada_rule():
     assert r["ppl"] == pytest.approx(math.exp(-sum(summed) / 4))
     shown = [row.tolist() for batch in model.seen for row in batch]
     assert [5, 0, 6, 1, 0, 1, 2] in shown  # "e fa abc" without its last token, unpadded (the longest)
-    assert ev.eval_lambada(Favorite(NEXT), CharTok(), passages, 1, batch_tokens=14, device="cpu")["n"] == 1
-    # no space: EOT is the context (the harness's empty context) and " abd" the target: ' ' a b right, d wrong
+    assert ev.eval_lambada(Favorite(NEXT), CharTok(), passages, 1, batch_tokens=14,
+                           device="cpu")["n"] == 1
+    # no space: EOT is the context (the harness's empty context) and " abd" the target: ' ' a b right,
+    # d wrong
     model = Favorite(NEXT)
     r = ev.eval_lambada(model, CharTok(), ["abd"], limit=None, batch_tokens=1, device="cpu")
     assert model.seen[0].tolist() == [[7, 0, 1, 2]]
@@ -81,8 +84,9 @@ def test_lambada_rule():
 
 
 def test_lambada_split_is_the_harness_split():
-    # lm-evaluation-harness: context = words before the last space, target = " " + last word; _encode_pair
-    # then moves whitespace that ends the context onto the target; an empty context is scored after EOT
+    # lm-evaluation-harness: context = words before the last space, target = " " + last word;
+    # _encode_pair then moves whitespace that ends the context onto the target; an empty context is
+    # scored after EOT
     tok = data.common.get_tokenizer("byte")
     expected = {"He said hello": (b"He said", b" hello"),
                 "He said  hello": (b"He said", b"  hello"),
@@ -97,7 +101,7 @@ def test_lambada_split_is_the_harness_split():
 
 def test_truncation_from_the_left():
     model = Favorite(NEXT, block_size=4, anchored=True)
-    # 6 tokens -> the model may see only the last 4 inputs [0,1,2,3]: first token 0, no shift: both right.
+    # 6 tokens -> the model sees only the last 4 inputs [0,1,2,3]: first token 0, no shift: both right.
     # Had the context been cut elsewhere (first token 3), every favorite would move by 3 and both miss.
     lp, ok = ev.score(model, [([3, 0, 1, 2], [3, 4])], batch_tokens=1, device="cpu")
     assert model.seen[0].tolist() == [[0, 1, 2, 3]]
@@ -112,11 +116,12 @@ def test_truncation_from_the_left():
 
 def test_blimp_rule():
     # anchored: after EOT at the window start every favorite is the token itself (fav + 1 + 7 = t mod 8).
-    # " aa" -> P(' '|EOT) .1, P(a|' ') .1, P(a|a) .3;  " ab", " ac" -> .1 .1 .1.  Without the EOT in front
-    # the favorites would be NEXT and " ab" would beat " aa".
+    # " aa" -> P(' '|EOT) .1, P(a|' ') .1, P(a|a) .3;  " ab", " ac" -> .1 .1 .1.  Without the EOT in
+    # front the favorites would be NEXT and " ab" would beat " aa".
     def pairs(field, *sentences):
         return [{"sentence_good": g, "sentence_bad": b, "field": field, "linguistics_term": "term",
-                 "UID": f"p_{field}_{len(sentences)}", "pairID": str(i)} for i, (g, b) in enumerate(sentences)]
+                 "UID": f"p_{field}_{len(sentences)}", "pairID": str(i)}
+                for i, (g, b) in enumerate(sentences)]
     paradigms = [pairs("syntax", ("aa", "ab"), ("ab", "aa")),                 # right, wrong -> 0.5
                  pairs("syntax", ("aa", "ab"), ("aa", "ac"), ("aa", "ab")),   # 1.0
                  pairs("morphology", ("ab", "ac"), ("ab", "aa"))]             # tie, wrong -> 0.5
@@ -126,16 +131,18 @@ def test_blimp_rule():
     r = ev.eval_blimp(model, CharTok(), paradigms, limit=None, batch_tokens=9, device="cpu")
     assert all(row[0] == 7 for batch in model.seen for row in batch.tolist())
     assert r["n"] == 7 and r["n_paradigms"] == 3
-    assert r["score"] == pytest.approx((0.5 + 1.0 + 0.5) / 3)  # mean over paradigms, not over pairs (5/7)
+    # mean over paradigms, not over pairs (5/7)
+    assert r["score"] == pytest.approx((0.5 + 1.0 + 0.5) / 3)
     assert r["fields"] == pytest.approx({"morphology": 0.5, "syntax": 0.75})
-    assert r["paradigms"]["p_syntax_2"] == {"field": "syntax", "linguistics_term": "term", "n": 2, "acc": 0.5}
+    assert r["paradigms"]["p_syntax_2"] == {"field": "syntax", "linguistics_term": "term", "n": 2,
+                                            "acc": 0.5}
     r = ev.eval_blimp(model, CharTok(), paradigms, 1, batch_tokens=9, device="cpu")  # --limit
     assert r["paradigms"]["p_syntax_3"]["n"] == 1
 
 
 def naive_score(model, ctx, tgt):
-    """One example, no batching, float64: each target token's log-prob, log p = logit - log(sum(exp(logits)))
-    over the full vocabulary, and whether it is the argmax."""
+    """One example, no batching, float64: each target token's log-prob,
+    log p = logit - log(sum(exp(logits))) over the full vocabulary, and whether it is the argmax."""
     seq = (ctx + tgt)[-(model.config.block_size + 1):]
     with torch.no_grad():
         logits = model(torch.tensor([seq[:-1]]), all_logits=True)[0][0].double()
@@ -152,8 +159,9 @@ def test_token_batches():
     assert ev.token_batches([3, 10, 2, 10, 5], 1000) == [[1, 3, 4, 0, 2]]
 
 
-# inputs per sequence below (context + target, cut to block_size + 1, less the last token), longest first:
-# 16 16 16 11 7 6 6 5 1. A budget of 40 tokens: 2 x 16, 2 x 16 (16 and 11), 5 x 7; of 1: one per pass.
+# inputs per sequence below (context + target, cut to block_size + 1, less the last token), longest
+# first: 16 16 16 11 7 6 6 5 1. A budget of 40 tokens: 2 x 16, 2 x 16 (16 and 11), 5 x 7; of 1: one
+# per pass.
 BATCH_SHAPES = {1: [(1, n) for n in (16, 16, 16, 11, 7, 6, 6, 5, 1)], 40: [(2, 16), (2, 16), (5, 7)],
                 10_000: [(9, 16)]}
 
@@ -162,7 +170,8 @@ BATCH_SHAPES = {1: [(1, n) for n in (16, 16, 16, 11, 7, 6, 6, 5, 1)], 40: [(2, 1
 @pytest.mark.parametrize("variant", [{}, dict(norm="dyt", pos="rope", attn="diff", mlp="swiglu")])
 def test_batched_equals_one_at_a_time(variant, batch_tokens):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32, **variant)).eval()
+    model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32,
+                          **variant)).eval()
     g = torch.Generator().manual_seed(1)
     examples = []
     for n_ctx, n_tgt in [(1, 1), (3, 4), (20, 2), (7, 1), (15, 16), (2, 5), (9, 3)]:  # some are cut
@@ -212,8 +221,9 @@ def write_dataset(folder, split, tokens, tokenizer="byte"):
 def write_blimp(folder, paradigms):
     os.makedirs(folder)
     for uid, field, good, bad in paradigms:
-        write_jsonl(folder / f"{uid}.jsonl", [{"sentence_good": good, "sentence_bad": bad, "field": field,
-                                               "linguistics_term": "term", "UID": uid, "pairID": str(i)}
+        write_jsonl(folder / f"{uid}.jsonl", [{"sentence_good": good, "sentence_bad": bad,
+                                               "field": field, "linguistics_term": "term", "UID": uid,
+                                               "pairID": str(i)}
                                               for i in range(2)])
 
 
@@ -222,17 +232,20 @@ VAL = torch.randint(0, 256, (200,), generator=torch.Generator().manual_seed(3)).
 
 def test_cli_end_to_end(tmp_path):
     # trained with --data_dir=<tmp>/scratch/x: the val task reads that folder (not <data_dir>/tiny/)
-    models = [tiny_checkpoint(tmp_path / f"ckpt{s}.pt", s, "tiny", data_dir=str(tmp_path / "scratch" / "x"))
+    models = [tiny_checkpoint(tmp_path / f"ckpt{s}.pt", s, "tiny",
+                              data_dir=str(tmp_path / "scratch" / "x"))
               for s in (1, 2)]
     write_jsonl(tmp_path / "lambada_test.jsonl", [
-        {"text": "The old man looked at the sea for a long time. He knew the fish was still there, deep below "
-                 "the boat. He waited with the line in his hands until the sun went down, and then he spoke to "
-                 "the fish"},
-        {"text": "She opened the letter slowly. It was from her brother, who had left the village years ago. "
-                 "He wrote that he would come home in spring, and she read the letter again and again"},
+        {"text": "The old man looked at the sea for a long time. He knew the fish was still there, deep "
+                 "below the boat. He waited with the line in his hands until the sun went down, and "
+                 "then he spoke to the fish"},
+        {"text": "She opened the letter slowly. It was from her brother, who had left the village years "
+                 "ago. He wrote that he would come home in spring, and she read the letter again and "
+                 "again"},
         {"text": "Short one"}])
     write_blimp(tmp_path / "blimp", [
-        ("anaphor_gender_agreement", "morphology", "Katherine can't help herself.", "Katherine can't help himself."),
+        ("anaphor_gender_agreement", "morphology", "Katherine can't help herself.",
+         "Katherine can't help himself."),
         ("adjunct_island", "syntax", "Who should Derek hug after shocking Richard?",
          "Who should Derek hug Richard after shocking?"),
         ("existential_there_quantifiers_1", "semantics", "There was a cat.", "There was every cat.")])
@@ -240,17 +253,19 @@ def test_cli_end_to_end(tmp_path):
     out = tmp_path / "results.json"
     proc = subprocess.run([sys.executable, "annex/eval.py", str(tmp_path / "ckpt1.pt"),
                            str(tmp_path / "ckpt2.pt"), "--tasks=lambada,blimp,val", "--batch_tokens=100",
-                           "--device=cpu", f"--lambada_dir={tmp_path}", f"--blimp_dir={tmp_path / 'blimp'}",
-                           f"--json={out}"],
+                           "--device=cpu", f"--lambada_dir={tmp_path}",
+                           f"--blimp_dir={tmp_path / 'blimp'}", f"--json={out}"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    # stdout: the table (a header, a row per metric) and the JSON path, nothing else; progress is on stderr
+    # stdout: the table (a header, a row per metric) and the JSON path, nothing else; progress is on
+    # stderr
     lines = proc.stdout.splitlines()
     assert lines[0].split() == ["metric", str(tmp_path / "ckpt1.pt"), str(tmp_path / "ckpt2.pt")]
     assert [re.split(r"  +", line.strip())[0] for line in lines[1:-1]] == [
-        "lambada acc %", "lambada ppl", "blimp (mean of paradigms)", "blimp morphology", "blimp semantics",
-        "blimp syntax", "val ppl"]
-    assert all(len(re.split(r"  +", line.strip())) == 3 for line in lines[1:-1])  # a figure per checkpoint
+        "lambada acc %", "lambada ppl", "blimp (mean of paradigms)", "blimp morphology",
+        "blimp semantics", "blimp syntax", "val ppl"]
+    # a figure per checkpoint
+    assert all(len(re.split(r"  +", line.strip())) == 3 for line in lines[1:-1])
     assert lines[-1] == f"wrote {out}"
     assert "3 of BLiMP's 67 paradigms" in proc.stderr and "blimp: 12/12" in proc.stderr
     doc = json.loads(out.read_text())
@@ -301,14 +316,16 @@ def test_default_tasks_skip_what_cannot_run(tmp_path, offline, capsys):
     tiny_checkpoint(tmp_path / "a.pt", 1, "tiny", data_dir=str(tmp_path / "x"))
     tiny_checkpoint(tmp_path / "b.pt", 2, "other")  # data/other/ is not prepared
     write_dataset(tmp_path / "x", "val", VAL)
-    write_blimp(tmp_path / "blimp", [("passive_1", "syntax", "The cat was seen.", "The cat was arrived.")])
+    write_blimp(tmp_path / "blimp",
+                [("passive_1", "syntax", "The cat was seen.", "The cat was arrived.")])
     out = tmp_path / "r.json"
     ev.main([str(tmp_path / "a.pt"), str(tmp_path / "b.pt"), f"--blimp_dir={tmp_path / 'blimp'}",
              "--device=cpu", f"--json={out}"])
     captured = capsys.readouterr()
     assert "skipping lambada: could not prepare lambada" in captured.err
     # a byte-level model is told that wikitext needs GPT-2 tokens, not that WikiText-103 is missing
-    assert re.search(r"a\.pt: skipping wikitext: wikitext needs a GPT-2-tokenized model[^\n]*\n", captured.err)
+    assert re.search(r"a\.pt: skipping wikitext: wikitext needs a GPT-2-tokenized model[^\n]*\n",
+                     captured.err)
     assert "wikitext103/prepare.py" not in captured.err
     assert "fetching the files" in captured.err  # prepare()'s prints, moved off stdout
     # stdout: the table (header, then a row per metric) and the JSON path, nothing else
@@ -331,8 +348,10 @@ def test_problems_are_found_before_any_scoring(tmp_path, offline, monkeypatch):
     monkeypatch.setattr(ev, "score", no_scoring)
     tiny_checkpoint(tmp_path / "a.pt", 1, "tiny", data_dir=str(tmp_path / "x"))
     write_dataset(tmp_path / "x", "val", VAL)
-    # a task named in --tasks must run: val is ready, but wikitext (not prepared either) needs a GPT-2 model
-    with pytest.raises(SystemExit, match=r"error: .*wikitext needs a GPT-2-tokenized model.*a\.pt uses 'byte'$"):
+    # a task named in --tasks must run: val is ready, but wikitext (not prepared either) needs a GPT-2
+    # model
+    with pytest.raises(SystemExit,
+                       match=r"error: .*wikitext needs a GPT-2-tokenized model.*a\.pt uses 'byte'$"):
         ev.main([str(tmp_path / "a.pt"), "--tasks=val,wikitext"])
     # the second checkpoint's data is checked before the first one is scored
     tiny_checkpoint(tmp_path / "b.pt", 2, "other")
@@ -355,10 +374,12 @@ def test_problems_are_found_before_any_scoring(tmp_path, offline, monkeypatch):
 
 
 def test_val_data_dir(tmp_path, offline):
-    # --data_dir is the folder with val.bin (as in train.py); --dataset=NAME reads data/NAME/, not the run's
+    # --data_dir is the folder with val.bin (as in train.py); --dataset=NAME reads data/NAME/, not the
+    # run's
     tiny_checkpoint(tmp_path / "a.pt", 1, "tiny", data_dir=str(tmp_path / "moved"))
     write_dataset(tmp_path / "y", "val", VAL[:65])
-    (r,) = ev.main([str(tmp_path / "a.pt"), "--tasks=val", f"--data_dir={tmp_path / 'y'}", "--device=cpu"])
+    (r,) = ev.main([str(tmp_path / "a.pt"), "--tasks=val", f"--data_dir={tmp_path / 'y'}",
+                    "--device=cpu"])
     assert r["tasks"]["val"]["tokens"] == 64
     write_dataset(tmp_path / "data" / "tiny2", "val", VAL[:33])
     (r,) = ev.main([str(tmp_path / "a.pt"), "--tasks=val", "--dataset=tiny2", "--device=cpu"])
@@ -368,7 +389,8 @@ def test_val_data_dir(tmp_path, offline):
 
 
 def test_ckpt_choice(tmp_path, offline):
-    # a run directory: --ckpt=latest (default) evaluates its ckpt.pt, --ckpt=best its best.pt; a file as it is
+    # a run directory: --ckpt=latest (default) evaluates its ckpt.pt, --ckpt=best its best.pt; a file as
+    # it is
     tiny_checkpoint(tmp_path / "ckpt.pt", 1, "tiny", data_dir=str(tmp_path / "x"))
     tiny_checkpoint(tmp_path / "best.pt", 2, "tiny", data_dir=str(tmp_path / "x"))
     write_dataset(tmp_path / "x", "val", VAL[:65])
@@ -399,7 +421,8 @@ def test_bad_input_errors(tmp_path, offline):
     tiny_checkpoint(tmp_path / "a.pt", 1, "tiny")
     with pytest.raises(SystemExit, match="no checkpoint at .*missing.pt"):
         ev.main([str(tmp_path / "a.pt"), str(tmp_path / "missing.pt")])
-    with pytest.raises(SystemExit, match=r"no checkpoint at .*ckpt\.pt"):  # a run dir without its ckpt.pt
+    # a run dir without its ckpt.pt
+    with pytest.raises(SystemExit, match=r"no checkpoint at .*ckpt\.pt"):
         ev.main([str(tmp_path)])
     assert offline == []
     if not torch.cuda.is_available():
@@ -430,10 +453,12 @@ def test_gpt2_tokenizer_from_ranks_file(tmp_path, monkeypatch):
     cfg = GPTConfig(block_size=32, n_layer=1, n_head=2, n_embd=16)  # GPT-2 vocabulary 50304
     model = GPT(cfg)
     torch.save({"model": model.state_dict(), "model_args": dataclasses.asdict(cfg), "tokenizer": "gpt2",
-                "config": {"dataset": "wikitext103", "tiktoken_file": RANKS}, "iter_num": 0}, tmp_path / "ckpt.pt")
+                "config": {"dataset": "wikitext103", "tiktoken_file": RANKS}, "iter_num": 0},
+               tmp_path / "ckpt.pt")
     # the contexts and targets, split by hand as lm-evaluation-harness does
     split = {"He looked at the old boat and said that it would never sail again, not even for Santiago":
-             ("He looked at the old boat and said that it would never sail again, not even for", " Santiago"),
+             ("He looked at the old boat and said that it would never sail again, not even for",
+              " Santiago"),
              "Alice opened the door": ("Alice opened the", " door"),
              "Alice opened the door  slowly": ("Alice opened the door", "  slowly")}
     write_jsonl(tmp_path / "lambada_test.jsonl", [{"text": p} for p in split])
@@ -449,7 +474,8 @@ def test_gpt2_tokenizer_from_ranks_file(tmp_path, monkeypatch):
         ev.main([str(tmp_path / "ckpt.pt"), "--tasks=wikitext", "--device=cpu"])
     (r,) = ev.main([str(tmp_path / "ckpt.pt"), "--tasks=lambada,wikitext", f"--lambada_dir={tmp_path}",
                     f"--wikitext_dir={tmp_path / 'wt'}", "--device=cpu"])
-    summed = [naive_score(model, enc.encode_ordinary(c), enc.encode_ordinary(t))[0] for c, t in split.values()]
+    summed = [naive_score(model, enc.encode_ordinary(c), enc.encode_ordinary(t))[0]
+              for c, t in split.values()]
     assert r["tasks"]["lambada"]["ppl"] == pytest.approx(math.exp(-sum(summed) / 3), rel=1e-4)
     # windows of 33 tokens sharing their edge token: 69 predicted tokens in 32 + 32 + 5
     nll = -sum(naive_score(model, [tokens[s]], tokens[s + 1:s + 33])[0] for s in (0, 32, 64))

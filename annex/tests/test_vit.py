@@ -5,6 +5,7 @@ import json
 import math
 import os
 import pickle
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -253,6 +254,16 @@ def run(folder, out_dir, *args):
 def records(out_dir, event):
     with open(os.path.join(out_dir, 'log.jsonl')) as f:
         return [r for r in map(json.loads, f) if r['event'] == event]
+
+
+def test_a_bad_vit_option_is_an_error_before_anything_is_written(cifar, tmp_path):
+    folder, _ = cifar
+    for arg, message in (('--pool=avg', "pool='avg' is not known; choose 'cls' or 'mean'"),
+                         ('--pos=rope', "a ViT needs pos='learned'"),
+                         ('--patch_size=5', 'patch_size=5 must divide image_size=32')):
+        with pytest.raises(SystemExit, match=f'^error: {re.escape(message)}'):
+            run(folder, tmp_path / 'bad', arg)
+    assert not (tmp_path / 'bad').exists()
 
 
 @pytest.mark.parametrize('norm', ['layernorm', 'dyt'])

@@ -1,5 +1,5 @@
 """
-BLiMP: 67 paradigms x 1000 minimal pairs (sentence_good / sentence_bad), for eval.py. Downloads
+BLiMP: 67 paradigms x 1000 minimal pairs (sentence_good / sentence_bad), for annex/eval.py. Downloads
 data/blimp/<UID>.jsonl from the BLiMP repository. No hashes are published, so each file is checked
 by parsing it, and the sha256 of what was received is recorded in meta.json.
 
@@ -19,24 +19,31 @@ UIDS = """
 adjunct_island anaphor_gender_agreement anaphor_number_agreement animate_subject_passive
 animate_subject_trans causative complex_NP_island coordinate_structure_constraint_complex_left_branch
 coordinate_structure_constraint_object_extraction determiner_noun_agreement_1 determiner_noun_agreement_2
-determiner_noun_agreement_irregular_1 determiner_noun_agreement_irregular_2 determiner_noun_agreement_with_adj_2
+determiner_noun_agreement_irregular_1 determiner_noun_agreement_irregular_2
+determiner_noun_agreement_with_adj_2
 determiner_noun_agreement_with_adj_irregular_1 determiner_noun_agreement_with_adj_irregular_2
 determiner_noun_agreement_with_adjective_1 distractor_agreement_relational_noun
 distractor_agreement_relative_clause drop_argument ellipsis_n_bar_1 ellipsis_n_bar_2
 existential_there_object_raising existential_there_quantifiers_1 existential_there_quantifiers_2
 existential_there_subject_raising expletive_it_object_raising inchoative intransitive
-irregular_past_participle_adjectives irregular_past_participle_verbs irregular_plural_subject_verb_agreement_1
-irregular_plural_subject_verb_agreement_2 left_branch_island_echo_question left_branch_island_simple_question
+irregular_past_participle_adjectives irregular_past_participle_verbs
+irregular_plural_subject_verb_agreement_1
+irregular_plural_subject_verb_agreement_2 left_branch_island_echo_question
+left_branch_island_simple_question
 matrix_question_npi_licensor_present npi_present_1 npi_present_2 only_npi_licensor_present only_npi_scope
 passive_1 passive_2 principle_A_c_command principle_A_case_1 principle_A_case_2 principle_A_domain_1
-principle_A_domain_2 principle_A_domain_3 principle_A_reconstruction regular_plural_subject_verb_agreement_1
-regular_plural_subject_verb_agreement_2 sentential_negation_npi_licensor_present sentential_negation_npi_scope
+principle_A_domain_2 principle_A_domain_3 principle_A_reconstruction
+regular_plural_subject_verb_agreement_1
+regular_plural_subject_verb_agreement_2 sentential_negation_npi_licensor_present
+sentential_negation_npi_scope
 sentential_subject_island superlative_quantifiers_1 superlative_quantifiers_2 tough_vs_raising_1
 tough_vs_raising_2 transitive wh_island wh_questions_object_gap wh_questions_subject_gap
-wh_questions_subject_gap_long_distance wh_vs_that_no_gap wh_vs_that_no_gap_long_distance wh_vs_that_with_gap
+wh_questions_subject_gap_long_distance wh_vs_that_no_gap wh_vs_that_no_gap_long_distance
+wh_vs_that_with_gap
 wh_vs_that_with_gap_long_distance
 """.split()
-FIELDS = ("sentence_good", "sentence_bad", "field", "linguistics_term", "UID")  # what eval.py reads
+# what annex/eval.py reads
+FIELDS = ("sentence_good", "sentence_bad", "field", "linguistics_term", "UID")
 
 
 def prepare(out_dir=HERE, force=False, base_url=BASE_URL, uids=UIDS):
@@ -75,8 +82,9 @@ def load_paradigm(path, uid):
             except ValueError:
                 ok = False
             if not ok or pair["UID"] != uid:
-                raise DataError(f"{path} line {lineno} is not a BLiMP pair of paradigm {uid} (a JSON object with "
-                                f"string fields {', '.join(FIELDS)}). Delete it and run: python data/blimp/prepare.py")
+                raise DataError(f"{path} line {lineno} is not a BLiMP pair of paradigm {uid} (a JSON "
+                                f"object with string fields {', '.join(FIELDS)}). Delete it and run: "
+                                "python data/blimp/prepare.py")
             pairs.append(pair)
     if not pairs:
         raise DataError(f"{path} has no pairs. Delete it and run: python data/blimp/prepare.py")

@@ -44,11 +44,13 @@ def prepare(out_dir=HERE, force=False, urls=URLS, md5=MD5, size=SIZE):
                         "Delete it and run again to download it afresh.") from e
     if not os.path.isdir(os.path.join(tmp, DIR)):
         shutil.rmtree(tmp, ignore_errors=True)
-        raise DataError(f"{tar_path} has no {DIR}/ folder: not the CIFAR-10 python version. Delete it and run again.")
+        raise DataError(f"{tar_path} has no {DIR}/ folder: not the CIFAR-10 python version. Delete it "
+                        "and run again.")
     shutil.rmtree(final, ignore_errors=True)
     os.replace(os.path.join(tmp, DIR), final)
     shutil.rmtree(tmp)
-    meta = {"kind": "images", "dir": DIR, "md5": md5, **{f"{s}_images": len(load(s, out_dir)[1]) for s in BATCHES}}
+    meta = {"kind": "images", "dir": DIR, "md5": md5,
+            **{f"{s}_images": len(load(s, out_dir)[1]) for s in BATCHES}}
     write_json(os.path.join(out_dir, "meta.json"), meta)
     print(f"CIFAR-10: {meta['train_images']:,} train and {meta['test_images']:,} test images in {final}")
     return meta

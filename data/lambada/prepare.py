@@ -1,5 +1,5 @@
 """
-LAMBADA, OpenAI's version (5153 passages, one JSON object {"text": ...} per line), for eval.py.
+LAMBADA, OpenAI's version (5153 passages, one JSON object {"text": ...} per line), for annex/eval.py.
 Downloads lambada_test.jsonl into this folder and checks it.
 
     python data/lambada/prepare.py [--force=True]

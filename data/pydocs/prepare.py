@@ -28,7 +28,8 @@ def documents():
     paths = []
     for d, dirs, files in os.walk(root):
         dirs[:] = [x for x in dirs if x not in SKIP_DIRS]
-        paths += [os.path.relpath(os.path.join(d, f), root).replace(os.sep, "/") for f in files if f.endswith(".py")]
+        paths += [os.path.relpath(os.path.join(d, f), root).replace(os.sep, "/") for f in files
+                  if f.endswith(".py")]
     seen = set()  # the same docstring in several places (e.g. _pydecimal and its copies) counts once
     docs = []
     for rel in sorted(paths):
@@ -36,16 +37,17 @@ def documents():
             src = f.read()
         try:
             tree = ast.parse(src)
-        except (SyntaxError, ValueError):  # a file that is not valid for this Python: nothing to learn from
-            continue
+        except (SyntaxError, ValueError):
+            continue  # a file that is not valid for this Python: nothing to learn from
         text = [s for s in _docstrings(tree) if not (s in seen or seen.add(s))]
         if text:
             docs.append("\n\n".join(text))
         if rel == "pydoc_data/topics.py":
             docs += _topics(tree)
     if not docs:
-        raise DataError(f"no Python sources with docstrings under {root} (a Python without its .py files?). "
-                        "Use another dataset, e.g. python data/shakespeare/prepare.py, and dataset=shakespeare.")
+        raise DataError(f"no Python sources with docstrings under {root} (a Python without its .py "
+                        "files?). Use another dataset, e.g. python data/shakespeare/prepare.py, and "
+                        "dataset=shakespeare.")
     return docs
 
 
