@@ -20,6 +20,7 @@ from data.common import atomic_write, read_log, write_json
 from model import GPT, GPTConfig
 
 CHECKPOINTS = {'latest': 'ckpt.pt', 'best': 'best.pt'}  # a run's checkpoints, by the names users pick
+LOOP_STATE = ('iter_num', 'best_val_loss', 'best_iter', 'guard', 'last_eval')  # what train.py's loop resumes
 
 
 def checkpoint_file(path, which='latest'):
@@ -139,8 +140,7 @@ def read_resume_checkpoint(cfg, model_args, n_train, master):
         _, ckpt = load_checkpoint(path, device='meta')
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: init_from='resume': {e}") from None
-    missing = [k for k in ('optimizer', 'config', 'iter_num', 'best_val_loss', 'best_iter', 'guard',
-                           'last_eval', 'sampler') if k not in ckpt]
+    missing = [k for k in ('optimizer', 'config', *LOOP_STATE, 'sampler') if k not in ckpt]
     if missing:
         raise SystemExit(f"error: {path} lacks {', '.join(missing)}: it was not written by this train.py "
                          "and cannot be resumed exactly; start a new run in a new out_dir")
@@ -178,8 +178,7 @@ def load_training_state(raw, optimizer, ckpt, env):
     keep = not env.ddp or env.master
     set_model_state_dict(raw, ckpt['model'] if keep else {}, options=options)
     set_optimizer_state_dict(raw, optimizer, ckpt['optimizer'] if keep else {}, options=options)
-    return [ckpt[k] for k in ('iter_num', 'best_val_loss', 'best_iter', 'guard', 'last_eval')] + [
-        ckpt.get('wall_time_s', 0.0)]
+    return [ckpt[k] for k in LOOP_STATE] + [ckpt.get('wall_time_s', 0.0)]
 
 
 def prepare_run_dir(out_dir, config, resume_iter=None):
