@@ -56,7 +56,7 @@ VARIANTS = {  # train.py overrides on top of a scale; alpha0 2.0 everywhere, as 
     'llama_dyt_gelu': dict(LLAMA, norm='dyt', dyt_alpha=2.0, mlp='gelu'),
     'derf': dict(norm='derf', dyt_alpha=2.0)}
 GRID_KEYS = dict(scales=dict, budgets=list, variants=list, seeds=list, overrides=dict,
-                 custom_variants=dict, out_dir=str, screen_steps=int)
+                 budget_overrides=dict, custom_variants=dict, out_dir=str, screen_steps=int)
 RUNNER_SETS = ('out_dir', 'train_tokens', 'seed', 'init_from', 'overwrite')  # a grid may not set these
 THRESHOLD = 0.43  # the study's screening rule: DyT helps where its saturation at |alpha x| > 2 is above
 SCREEN = dict(screen_steps=500, threshold=THRESHOLD, compare=False, screen_dir='',
@@ -110,7 +110,7 @@ def check_train_args(args, where):
 def load_grid(path):
     """The grid file's values, checked, and its cells: [{name, scale, budget, variant, seed, args}]."""
     namespace = run_config_file(path, what='grid file')
-    grid = dict(overrides={}, custom_variants={}, seeds=[1337], screen_steps=500,
+    grid = dict(overrides={}, budget_overrides={}, custom_variants={}, seeds=[1337], screen_steps=500,
                 out_dir=os.path.join('out', os.path.splitext(os.path.basename(path))[0]))
     for key, value in namespace.items():
         if key.startswith('_') or type(value).__name__ in ('module', 'function', 'type',
@@ -136,7 +136,12 @@ def load_grid(path):
         if b is not None and (type(b) is not int or b <= 0):
             raise SystemExit(f'error: {path}: budgets must be positive ints (tokens) or None (all), '
                              f'got {b!r}')
-    sources = [grid['overrides'], *grid['scales'].values(), *variants.values()]
+    stray = [b for b in grid['budget_overrides'] if b not in grid['budgets']]
+    if stray:
+        raise SystemExit(f'error: {path}: budget_overrides names budgets that are not in budgets: '
+                         f'{stray}')
+    sources = [grid['overrides'], *grid['budget_overrides'].values(), *grid['scales'].values(),
+               *variants.values()]
     fixed = sorted({k for d in sources if isinstance(d, dict) for k in RUNNER_SETS if k in d})
     if fixed:
         raise SystemExit(f'error: {path}: the runner sets {", ".join(fixed)} for each cell; remove them')
@@ -151,6 +156,7 @@ def load_grid(path):
                     name = f'{scale}_{label(budget)}_{variant}_s{seed}'
                     args = ([os.path.join(REPO, spec)] if isinstance(spec, str) else flags(spec)) \
                         + flags(variants[variant]) + flags(grid['overrides']) \
+                        + flags(grid['budget_overrides'].get(budget, {})) \
                         + flags(dict(train_tokens=budget, seed=seed))
                     check_train_args(args, f'error: {path}: cell {name}')
                     cells.append(dict(name=name, scale=scale, budget=budget, variant=variant, seed=seed,

@@ -10,6 +10,7 @@
 #              llama_dyt_gelu, or your own from custom_variants = {name: {key: value}}
 #   seeds      [ints]
 #   overrides  {key: value} for every cell (after the scale and the variant)
+#   budget_overrides  {budget: {key: value}} for that budget's cells (after overrides), e.g. denser evals
 #   out_dir    default out/<grid file name>; screen_steps: the step whose saturation the report calls the
 #              screen's
 scales = {'64m': 'config/gpt2_64m_ln.py'}
