@@ -1,7 +1,8 @@
 """
 Measure what the study's explanation rests on (Verma 2026; docs/analysis.md), for checkpoints side by side:
-    saturation  fraction of |alpha*x| > t, t in 0.5..3.0, in every point-wise norm layer (DyT/Derf, the final
-                one too), on random train windows; global and per layer. Others: input std per norm layer.
+    saturation  fraction of outputs with |f| > tanh(t), f = tanh(alpha*x) or erf(alpha*x + s) (DyT: |alpha*x|
+                > t), t in 0.5..3.0, in every point-wise norm layer (DyT/Derf, the final one too), on random
+                train windows; global and per layer. Others: input std per norm layer.
     spectra     HTSR of every 2-D weight: power-law alpha of the eigenvalues of W^T W (Clauset fit, as
                 WeightWatcher does it), xmin, KS distance D, tail size, lambda_max, alpha_weighted, stable
                 rank.
@@ -324,9 +325,9 @@ def report(results, labels):
             at_t = th.index(HEADLINE_T)
             rows += rows_by_name(results, "saturation", "layers",
                                  lambda l: fmt(l["saturation"][at_t], ".3f") if l["saturation"] else "-")
-            print_table(f"saturation: fraction of |alpha*x (+ s for Derf)| > t (layers at t={HEADLINE_T:g}); "
-                        f"{first['count']} train windows of {first['block_size']} tokens, seed "
-                        f"{first['seed']}",
+            print_table(f"saturation: fraction of |alpha*x| > t, Derf's |erf| > tanh(t) (layers at "
+                        f"t={HEADLINE_T:g}); {first['count']} train windows of {first['block_size']} tokens, "
+                        f"seed {first['seed']}",
                         labels, rows)
         print_table("input std per norm layer", labels,
                     rows_by_name(results, "saturation", "layers", lambda l: fmt(l["input_std"])))

@@ -1,7 +1,7 @@
 """
 What the norm layers see, measured while the model runs (train.py at every eval, analyze.py): each norm
-layer's input mean and std, and for DyT and Derf the saturation: the fraction of |alpha x| (Derf: erf's
-argument |alpha x + s|) above each threshold (Verma 2026; headline 2.0, where tanh is at 96% of its bound).
+layer's input mean and std, and for DyT and Derf the saturation: the fraction of outputs with |f| > tanh(t)
+for each threshold t, f being tanh or erf (DyT: |alpha x| > t, Verma 2026; headline 2, 96.4% of the bound).
 instrument(model) attaches it from outside model.py: every norm layer (ln_1, ln_2, ln_f) gets sums in buffers
 and a forward pre-hook that adds to them while recording. Instrument before torch.compile, which then traces
 the hook too; the buffers follow .to(device) and stay out of checkpoints. Off, a hook costs one bool test.
@@ -13,7 +13,9 @@ import torch
 from model import Derf, DyT
 
 THRESHOLDS = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
-AT_2 = THRESHOLDS.index(2.0)  # the study's headline saturation: |alpha x| > 2
+AT_2 = THRESHOLDS.index(2.0)  # the study's headline saturation: |f| > tanh(2), DyT's |alpha x| > 2
+# Derf's: |erf(u)| > tanh(t) is |u| > erfinv(tanh(t)), 1.483 at t = 2 (|u| > 2 would be at 99.5% of the bound)
+ERF_CUTS = tuple(torch.erfinv(torch.tanh(torch.tensor(THRESHOLDS, dtype=torch.float64))).tolist())
 SUMS = ('stat_count', 'stat_sum', 'stat_sumsq', 'stat_sat')
 
 
@@ -23,11 +25,11 @@ def norm_layers(model):
 
 
 def squashed(layer, x):
-    """What DyT's tanh or Derf's erf is applied to; None for the other norms."""
+    """(What DyT's tanh or Derf's erf is applied to, its cuts for THRESHOLDS); None for the other norms."""
     if isinstance(layer, DyT):
-        return layer.alpha * x
+        return layer.alpha * x, THRESHOLDS
     if isinstance(layer, Derf):
-        return layer.alpha * x + layer.shift
+        return layer.alpha * x + layer.shift, ERF_CUTS
     return None
 
 
@@ -39,10 +41,10 @@ def observe(layer, args):
         layer.stat_count += x.numel()
         layer.stat_sum += x.sum()
         layer.stat_sumsq += x.square().sum()
-        u = squashed(layer, args[0])
-        if u is not None:
-            a = u.abs()
-            layer.stat_sat += torch.stack([(a > t).sum() for t in THRESHOLDS])
+        squash = squashed(layer, args[0])
+        if squash is not None:
+            a, cuts = squash[0].abs(), squash[1]
+            layer.stat_sat += torch.stack([(a > c).sum() for c in cuts])
 
 
 def instrument(model):  # every norm layer gets its statistics (once); returns the model

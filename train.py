@@ -100,6 +100,7 @@ seed = 1337
 DEFAULTS, OPTIONAL_TYPES = config_keys(globals())
 EVAL_SEED = 1337  # the fixed train-split eval windows: analyze.py's (data.common.random_windows)
 COLLAPSE_MARGIN = 0.1  # nats: a train loss this close to the entropy of the token (class) frequencies
+COLLAPSE_AFTER = 200  # steps (or warmup's, if fewer) before it warns: the study's warmup outlasts its screen
 EXIT_DIVERGED, EXIT_STOPPED = 3, 4
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
@@ -376,13 +377,12 @@ def evaluate(cfg, env, raw, data, it):
     layers = {name: {k: s[k] for k in ('kind', 'alpha', 'input_std', 'saturation')}
               for name, s in stats['layers'].items()}
     warnings = []  # the signs of a collapsed run (DyT at small scale)
-    if it > cfg.warmup_iters and result['train'][0] > data.entropy - COLLAPSE_MARGIN:
-        warnings.append(f"train loss {result['train'][0]:.3f} is at the unigram level of the budget "
-                        f"({data.entropy:.3f} nats) after warmup: the model predicts {data.predicted} "
-                        "frequencies only (collapsed?)")
+    if it > min(cfg.warmup_iters, COLLAPSE_AFTER) and result['train'][0] > data.entropy - COLLAPSE_MARGIN:
+        warnings.append(f"train loss {result['train'][0]:.3f} after {it} steps: at the unigram level of the "
+                        f"budget ({data.entropy:.3f} nats), {data.predicted} frequencies only (collapsed?)")
     full = [name for name, s in layers.items() if s['saturation'] and s['saturation'][norm_stats.AT_2] > 0.99]
-    if full:  # a saturated layer's output is sign(x) * gamma, whatever its input
-        warnings.append(f"norm layers saturated (|alpha x| > 2 for over 99% of inputs): {', '.join(full)}")
+    if full:  # a saturated layer's output is sign(x) * gamma, whatever its input; f: DyT's tanh, Derf's erf
+        warnings.append(f"norm layers saturated (|f| > tanh(2) on over 99% of inputs): {', '.join(full)}")
     return {'event': 'eval', 'iter': it, 'train_loss': result['train'][0], 'val_loss': result['val'][0],
             'train_acc': result['train'][1], 'val_acc': result['val'][1], 'lr': get_lr(it, cfg),
             **seen(cfg, data, it), 'saturation': stats['saturation'], 'thresholds': stats['thresholds'],

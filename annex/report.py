@@ -2,20 +2,27 @@
 The study's report on a grid's runs (annex/study.py run), from the repository root:
 
   python annex/study.py report out/grid_64m        (or python annex/report.py out/grid_64m)
+  python annex/study.py report --published          the rule and its baseline on the study's 12 cells
 
 Reads every cell folder (cell.json, summary.json, log.jsonl) and writes into the grid's folder report.md
-(also printed), report.json (every number, schema "nanonorm-study-report/1") and, with matplotlib,
+(also printed), report.json (every number, schema "nanonorm-study-report/2") and, with matplotlib,
 signflip.png and saturation.png:
-  - val loss, mean and std over seeds, at the final AND the best checkpoint; each variant's change
-    against the same architecture with LayerNorm in %, with each seed's change and a paired t-test;
-  - the screening rule "saturation > threshold -> DyT helps" on the DyT cells, with saturation at the end
-    of the run (the study's test) and at the screen's step, against the change at the final and at the
-    best checkpoint: accuracy, balanced accuracy, AUC, leave-one-scale-out, with bootstrap intervals;
+  - val loss per cell, mean and sample std over seeds, at the final and the best checkpoint, beside the
+    budget's unigram level on val (the val loss of predicting the budget's token frequencies: what a
+    collapsed model scores); tokens per parameter as the run saw them, min(budget, steps x tokens/step);
+  - each variant's effect against the same architecture with LayerNorm, over the seeds both have: the
+    change in nats and % with a paired-t 95% interval, how many seeds agree in sign and (from 3 seeds)
+    the paired t-test's p with Holm's adjustment across the report's comparisons; the sign flip as one
+    intersection-union test (better at the smallest budget AND worse at the largest);
+  - collapse counted: per cell the runs collapsed (final train loss within collapse_margin of the unigram
+    level), diverged, near unigram (within near_margin) and norm layers over 99% saturated;
+  - the screening rule "saturation > threshold -> helps" for DyT and Derf, with collapsed runs dropped
+    (per protocol) and scored as "hurts" (intention to treat), beside a tokens-per-parameter baseline:
+    accuracy with an exact binomial interval, balanced accuracy, AUC, leave-one-scale-out, and intervals
+    from a bootstrap that resamples scales;
   - mean HTSR alpha and activation effective rank of the final checkpoints (analyze.py, cached in each
-    cell's analysis.json; --analysis=False skips them);
-  - the study's published figures beside ours (PUBLISHED below).
-Collapsed (train loss at the unigram level of its budget), diverged and failed runs are listed, never
-averaged. `python annex/report.py --help` lists the options.
+    cell's analysis.json; --analysis=False skips them); the study's published figures beside ours.
+Failed and unfinished runs are listed. `python annex/report.py --help` lists the options.
 """
 import functools
 import glob
@@ -30,14 +37,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from analyze import DEFAULTS as ANALYZE_DEFAULTS
 from analyze import analyze, fmt
 from annex.plots import pyplot, save_png
+from annex.stats import bootstrap_rule, holm, intersection_union, paired, rule_stats
 from annex.study import PUBLISHED_RULE, THRESHOLD, command_line, eval_at, label, read_json, status
-from data.common import DataError, atomic_write, load_split, unigram_entropy, write_json
+from data.common import (DataError, atomic_write, entropy_of, load_meta, load_split, token_counts,
+                         write_json)
 from norm_stats import AT_2
 from train import COLLAPSE_MARGIN
 
-OPTIONS = dict(threshold=THRESHOLD, screen_steps=0, collapse_margin=COLLAPSE_MARGIN, bootstrap=2000,
-               seed=0, analysis=True, device='cpu')
+OPTIONS = dict(threshold=THRESHOLD, screen_steps=0, collapse_margin=COLLAPSE_MARGIN, near_margin=0.5,
+               bootstrap=2000, seed=0, analysis=True, device='cpu', published=False)
 POINTWISE = ('dyt', 'derf')  # the norms with an alpha and a saturation (norm_stats.squashed)
+ENDED = ('finished', 'collapsed', 'diverged')  # runs that reached their end: intention to treat counts
+MIN_SEEDS_FOR_P = 3  # a t-test on 2 seeds has 1 degree of freedom: signs and intervals say more
 BUDGETS = ('1M', '10M', '50M', 'all')  # the study's; 'all' = all of WikiText-103 train (its "118M")
 # Verma 2026 (arXiv 2604.23434), 64m unless noted.
 PUBLISHED = {
@@ -60,103 +71,42 @@ PUBLISHED = {
                    ('64m', 'all', 'dyt'): 2.76},
     'erank': {('64m', '1M', 'ln'): 426, ('64m', '1M', 'dyt'): 167, ('64m', 'all', 'ln'): 357,
               ('64m', 'all', 'dyt'): 198}}
-
-# -------------------------------------------------------------------------------------------- statistics
-
-
-def t_pvalue(t, df):
-    """Two-sided p-value of Student's t with an integer number of degrees of freedom: the finite sums of
-    Abramowitz & Stegun 26.7.3-4 in theta = atan(|t| / sqrt(df))."""
-    theta = math.atan(abs(t) / math.sqrt(df))
-    c2, term, total = math.cos(theta) ** 2, 1.0, 1.0
-    for k in range(1, (df - 1) // 2 if df % 2 else df // 2):
-        term *= c2 * (2 * k / (2 * k + 1) if df % 2 else (2 * k - 1) / (2 * k))
-        total += term
-    if df % 2:
-        return 1 - 2 / math.pi * (theta + (math.sin(theta) * math.cos(theta) * total if df > 1 else 0.0))
-    return 1 - math.sin(theta) * total
-
-
-def paired_t(a, b):
-    """Paired t-test of a - b over seeds: mean difference, t and two-sided p (None with fewer than 2
-    pairs)."""
-    d = np.asarray(a, float) - np.asarray(b, float)
-    if len(d) < 2 or d.std(ddof=1) == 0:
-        return dict(n=len(d), mean_diff=float(d.mean()) if len(d) else None, t=None, p=None)
-    t = float(d.mean() / (d.std(ddof=1) / math.sqrt(len(d))))
-    return dict(n=len(d), mean_diff=float(d.mean()), t=t, p=t_pvalue(t, len(d) - 1))
-
-
-def auc(scores, positive):
-    """P(score of a positive > score of a negative), ties counting half (Mann-Whitney); None without
-    both."""
-    pos = [s for s, y in zip(scores, positive) if y]
-    neg = [s for s, y in zip(scores, positive) if not y]
-    if not pos or not neg:
-        return None
-    return sum((p > n) + 0.5 * (p == n) for p in pos for n in neg) / (len(pos) * len(neg))
-
-
-def fit_threshold(sats, helps, prior):
-    """The threshold with the best accuracy on these items (ties: the one closest to the published
-    `prior`). Candidates: the prior, the midpoints between distinct saturations, and one below and one
-    above them all."""
-    s = sorted(set(sats))
-    cands = [prior, s[0] - 1] + [(x + y) / 2 for x, y in zip(s, s[1:])] + [s[-1] + 1]
-    return max(cands, key=lambda t: (sum((x > t) == h for x, h in zip(sats, helps)), -abs(t - prior)))
-
-
-def rule_stats(items, threshold):
-    """items: [(scale, saturation, helps)]. Accuracy, balanced accuracy, AUC of saturation for "DyT
-    helps", and leave-one-scale-out accuracy (threshold fitted on the other scales; None with one
-    scale)."""
-    sats, helps = [i[1] for i in items], [i[2] for i in items]
-    pred = [x > threshold for x in sats]
-    rates = [np.mean([p == h for p, h in zip(pred, helps) if h == cls]) for cls in (True, False)
-             if cls in helps]
-    scales = sorted(set(i[0] for i in items))
-    loso = None
-    if len(scales) > 1:
-        right = 0
-        for held in scales:
-            rest = [i for i in items if i[0] != held]
-            t = fit_threshold([i[1] for i in rest], [i[2] for i in rest], threshold)
-            right += sum((i[1] > t) == i[2] for i in items if i[0] == held)
-        loso = right / len(items)
-    return dict(n=len(items), accuracy=float(np.mean([p == h for p, h in zip(pred, helps)])),
-                balanced_accuracy=float(np.mean(rates)) if len(rates) == 2 else None,
-                auc=auc(sats, helps), loso=loso)
-
-
-def bootstrap_rule(items, threshold, n_boot, seed):
-    """rule_stats plus a 95% percentile interval for each statistic: items resampled with replacement
-    (rng = numpy default_rng(seed); one rng.integers(0, n, n) per resample); undefined resamples are
-    dropped."""
-    res = rule_stats(items, threshold)
-    rng, draws = np.random.default_rng(seed), []
-    for _ in range(n_boot):
-        draws.append(rule_stats([items[i] for i in rng.integers(0, len(items), len(items))], threshold))
-    for key in ('accuracy', 'balanced_accuracy', 'auc', 'loso'):
-        vals = [d[key] for d in draws if d[key] is not None]
-        res[f'{key}_ci'] = [float(v) for v in np.percentile(vals, [2.5, 97.5])] if vals else None
-    return res
+# The 12 cells the study scored its rule on (its results/full/manifests/predictor_validation.json):
+# (scale, budget, training tokens per parameter, DyT saturation at the end, DyT change vs LN in %).
+PAPER_CELLS = (('64m', '1M', 0.0156, 0.493, -27.3), ('64m', '10M', 0.156, 0.413, 5.9),
+               ('64m', '50M', 0.781, 0.237, 19.7), ('64m', 'all', 1.84, 0.234, 18.8),
+               ('124m', '1M', 0.0081, 0.466, -9.6), ('124m', '10M', 0.081, 0.292, -12.3),
+               ('124m', 'all', 0.952, 0.193, 12.8), ('354m', '1M', 0.0028, 0.490, 4.3),
+               ('354m', '10M', 0.028, 0.369, -24.1), ('354m', 'all', 0.333, 0.327, 13.4),
+               ('1.3b', '1M', 0.0008, 0.393, 2.1), ('1.3b', 'all', 0.090, 0.238, 10.4))
+# Its other artifact (saturation_sweep/crossover_predictor.json) disagrees on three of them.
+PAPER_CELLS_OTHER = {('124m', '10M'): dict(change=6.1), ('354m', '1M'): dict(sat=0.500),
+                     ('354m', 'all'): dict(sat=0.565)}
 
 # ---------------------------------------------------------------------------------------- runs and cells
 
 
 @functools.lru_cache(maxsize=None)
-def budget_entropy(dataset, data_dir, train_tokens):
-    """(unigram entropy of a train budget, its token count), from the data; None when the data is not
-    here."""
+def budget_reference(dataset, data_dir, train_tokens):
+    """The unigram levels of a train budget, from the data: {'entropy': of its token frequencies,
+    'n_train': its tokens, 'val_unigram': the val loss of predicting those frequencies (add-one smoothed
+    over the vocabulary)}; None when the data is not here or is not tokens."""
     try:
-        data = load_split(dataset, 'train', data_dir)[:train_tokens]
+        if load_meta(dataset, data_dir).get('kind', 'tokens') != 'tokens':
+            return None
+        train = load_split(dataset, 'train', data_dir)[:train_tokens]
+        val, vocab = load_split(dataset, 'val', data_dir), load_meta(dataset, data_dir)['vocab_size']
     except DataError:  # the report then falls back on what train.py recorded
         return None
-    return unigram_entropy(data), len(data)
+    counts = token_counts(train, vocab)
+    logp = np.log(counts + 1.0) - math.log(len(train) + len(counts))
+    val_unigram = -float(np.mean(logp[np.asarray(val)])) if len(val) else None
+    return dict(entropy=entropy_of(counts), n_train=len(train), val_unigram=val_unigram)
 
 
 def collect(grid_dir, opts):
-    """One row per cell folder (cell.json) with its status, losses, saturations and collapse flag."""
+    """One row per cell folder (cell.json): status ('collapsed' when a finished run's train loss is at
+    the unigram level of its budget), losses, saturations, tokens per parameter seen, near unigram."""
     rows = []
     for path in glob.glob(os.path.join(grid_dir, '*', 'cell.json')):
         cell, d = read_json(path), os.path.dirname(path)
@@ -169,25 +119,36 @@ def collect(grid_dir, opts):
             row['reason'] = f"train.py exited with {failed['returncode']}"
         if s:
             cfg = s['config']
-            entropy, n_train = (budget_entropy(cfg['dataset'], cfg['data_dir'], cfg['train_tokens'])
-                                or (s.get('unigram_entropy'), s.get('budget_tokens')))
+            ref = budget_reference(cfg['dataset'], cfg['data_dir'], cfg['train_tokens']) or dict(
+                entropy=s.get('unigram_entropy'), n_train=s.get('budget_tokens'), val_unigram=None)
+            entropy, n_train = ref['entropy'], ref['n_train']
+            seen = min(n_train, s['tokens']) if n_train and s.get('tokens') is not None else n_train
             steps = opts['screen_steps'] or cell.get('screen_steps', 500)
             early = eval_at(d, steps)
             early = early if early and early['iter'] == steps else None  # an eval at exactly that step
+            layers = (s.get('saturation_layers') or {}).values()
             row.update(norm=cfg['norm'], n_params=s['n_params'], final=s['final_val_loss'],
                        best=s['best_val_loss'], best_iter=s['best_iter'], acc=s.get('final_val_acc'),
                        final_iter=s['final_iter'], train_loss=s['final_train_loss'],
-                       unigram_entropy=entropy,
-                       tokens_per_param=n_train / s['n_params'] if n_train else None,
+                       unigram_entropy=entropy, val_unigram=ref['val_unigram'], tokens_seen=seen,
+                       tokens_per_param=seen / s['n_params'] if seen else None,
                        sat=s['saturation'][AT_2] if s['saturation'] else None,
                        screen_sat=early['saturation'][AT_2] if early and early['saturation'] else None,
-                       screen_iter=early and early['iter'])
+                       screen_iter=early and early['iter'],
+                       layers_saturated=sum(v[AT_2] > 0.99 for v in layers) if layers else None)
+            gap = None if entropy is None or s['final_train_loss'] is None else \
+                entropy - s['final_train_loss']  # nats below the unigram level
+            row['near_unigram'] = row['status'] == 'finished' and gap is not None and \
+                opts['collapse_margin'] <= gap < opts['near_margin']
             if row['status'] == 'diverged':
                 row['reason'] = s['diverged_reason']
-            elif entropy is not None and s['final_train_loss'] > entropy - opts['collapse_margin']:
+            elif gap is not None and gap < opts['collapse_margin']:
                 row['status'] = 'collapsed'
                 row['reason'] = (f"train loss {s['final_train_loss']:.3f} is at the unigram level of "
                                  f"its budget ({entropy:.3f} nats): it predicts token frequencies only")
+            if row['near_unigram']:
+                row['reason'] = (f"train loss {s['final_train_loss']:.3f} is {gap:.2f} nats below the "
+                                 f"unigram level of its budget ({entropy:.3f}): averaged in, flagged")
         rows.append(row)
     if not rows:
         raise SystemExit(f'error: no cell folders (*/cell.json) under {grid_dir}; run a grid first '
@@ -204,54 +165,146 @@ def baseline(variant):
     return 'llama_ln' if variant.startswith('llama') else 'diff' if variant == 'dyt_diff' else 'ln'
 
 
+def mean_std(values):
+    """Mean and sample standard deviation (ddof 1), None where undefined."""
+    values = [v for v in values if v is not None]
+    return (float(np.mean(values)) if values else None,
+            float(np.std(values, ddof=1)) if len(values) > 1 else None)
+
+
+def effect(ours, theirs, key):
+    """The change of `key` from the baseline runs to ours over the seeds both finished: in nats with a
+    paired-t 95% interval, in % of the baseline's mean over those seeds, each seed's %, and how many
+    seeds are lower."""
+    common = sorted(set(ours) & set(theirs))
+    a, b = [ours[s][key] for s in common], [theirs[s][key] for s in common]
+    if not common or None in a + b:
+        return None
+    res, base = paired(a, b), float(np.mean(b))
+    to_pct = 100 / base
+    return dict(res, seeds=common, base=base, pct=res['mean_diff'] * to_pct,
+                pct_ci=None if res['ci'] is None else [v * to_pct for v in res['ci']],
+                seed_pct=[(x - y) * to_pct for x, y in zip(a, b)],
+                lower=sum(x < y for x, y in zip(a, b)))
+
+
 def summarize(rows):
-    """Per (scale, budget, variant): mean and std over seeds of the finished runs, and the change against
-    the baseline variant in % at the final and at the best checkpoint, with a paired t-test over common
-    seeds."""
+    """Per (scale, budget, variant): run counts by status, means and sample stds over finished runs,
+    and the effect against the baseline variant at the final and at the best checkpoint."""
     groups = {}
     for r in rows:
         groups.setdefault((r['scale'], r['budget'], r['variant']), []).append(r)
     out = []
     for (scale, budget, variant), runs in groups.items():
         ok = {r['seed']: r for r in runs if r['status'] == 'finished'}
+        ended = [r for r in runs if r['status'] in ENDED]
         g = dict(scale=scale, budget=budget, variant=variant, n=len(ok), seeds=sorted(ok),
-                 norm=next((r['norm'] for r in runs if 'norm' in r), None),
+                 norm=next((r['norm'] for r in runs if 'norm' in r), None), n_ended=len(ended),
+                 **{k: sum(r['status'] == k for r in runs) for k in ('collapsed', 'diverged')},
+                 near_unigram=sum(r.get('near_unigram', False) for r in runs),
                  excluded={r['name']: r['status'] for r in runs if r['status'] != 'finished'},
-                 tokens_per_param=next((r['tokens_per_param'] for r in ok.values()), None))
+                 tokens_per_param=next((r['tokens_per_param'] for r in ended), None),
+                 val_unigram=next((r['val_unigram'] for r in ended if r['val_unigram']), None),
+                 layers_saturated=max((r['layers_saturated'] for r in ended
+                                       if r.get('layers_saturated') is not None), default=None))
+        g['collapse_rate'] = (g['collapsed'] + g['diverged']) / len(ended) if ended else None
         for key in ('final', 'best', 'acc', 'sat', 'screen_sat', 'best_iter', 'htsr_alpha', 'erank'):
-            vals = [r[key] for r in ok.values() if r.get(key) is not None]
-            g[key] = float(np.mean(vals)) if vals else None
-            g[key + '_std'] = float(np.std(vals, ddof=1)) if len(vals) > 1 else None
+            g[key], g[key + '_std'] = mean_std([r.get(key) for r in ok.values()])
+        for key in ('sat', 'screen_sat'):  # every run that ended: the collapsed are the most saturated
+            g[key + '_itt'] = mean_std([r.get(key) for r in ended])[0]
         base = {r['seed']: r for r in groups.get((scale, budget, baseline(variant)), [])
                 if r['status'] == 'finished'}
-        if variant != baseline(variant) and ok and base:
-            common = sorted(set(ok) & set(base))
+        if variant != baseline(variant):
             for key in ('final', 'best'):
-                b = np.mean([r[key] for r in base.values()])
-                g[f'change_{key}'] = float(100 * (g[key] - b) / b)
-                ours, theirs = [ok[s][key] for s in common], [base[s][key] for s in common]
-                g[f'seed_change_{key}'] = [100 * (x - y) / y for x, y in zip(ours, theirs)]
-                g[f'paired_{key}'] = paired_t(ours, theirs)
+                g[f'effect_{key}'] = effect(ok, base, key)
+                g[f'change_{key}'] = g[f'effect_{key}'] and g[f'effect_{key}']['pct']
         out.append(g)
+    for key in ('final', 'best'):  # Holm over the comparisons with a p-value, one family per checkpoint
+        tested = [g[f'effect_{key}'] for g in out if g.get(f'effect_{key}')
+                  and g[f'effect_{key}']['n'] >= MIN_SEEDS_FOR_P and g[f'effect_{key}']['p'] is not None]
+        for e, adjusted in zip(tested, holm([e['p'] for e in tested])):
+            e['holm'] = adjusted
+    return out
+
+
+def sign_flips(groups):
+    """Per (scale, variant): the intersection-union test of "better than the baseline at the smallest
+    budget AND worse at the largest" (each one-sided paired t; p = the larger of the two), and the seeds
+    in which both hold."""
+    out = []
+    for scale, variant in dict.fromkeys((g['scale'], g['variant']) for g in groups
+                                        if g.get('effect_final')):
+        cells = [g for g in groups
+                 if (g['scale'], g['variant']) == (scale, variant) and g['effect_final']]
+        if len(cells) < 2:
+            continue
+        small, large = cells[0]['effect_final'], cells[-1]['effect_final']  # groups come budget-sorted
+        seeds = sorted(set(small['seeds']) & set(large['seeds']))
+        d_small = dict(zip(small['seeds'], small['seed_pct']))
+        d_large = dict(zip(large['seeds'], large['seed_pct']))
+        n = min(small['n'], large['n'])
+        out.append(dict(scale=scale, variant=variant, small=cells[0]['budget'],
+                        large=cells[-1]['budget'],
+                        small_pct=small['pct'], small_ci=small['pct_ci'], large_pct=large['pct'],
+                        large_ci=large['pct_ci'], seeds=len(seeds),
+                        flipped=sum(d_small[s] < 0 < d_large[s] for s in seeds),
+                        p=intersection_union([small['p_less'], large['p_greater']]), n=n))
+    return out
+
+
+def rule_items(groups, norm):
+    """The rule's items for one norm, per cell (scale x budget x variant with a LayerNorm baseline):
+    {(analysis, outcome): (scale, saturation, screen saturation, tokens/param, helps)}. Per protocol:
+    finished runs, helps iff the mean change is below 0. Intention to treat: every run that ended, a cell
+    with a collapsed or diverged run counts as "hurts"."""
+    items = {}
+    for g in groups:
+        if g['norm'] != norm or g['variant'] == baseline(g['variant']) or not g['n_ended']:
+            continue
+        if not any(h['variant'] == baseline(g['variant']) and h['n'] and (h['scale'], h['budget']) ==
+                   (g['scale'], g['budget']) for h in groups):
+            continue
+        for outcome in ('final', 'best'):
+            change = g.get(f'change_{outcome}')
+            if change is not None:
+                items.setdefault(('per protocol', outcome), []).append(
+                    (g['scale'], g['sat'], g['screen_sat'], g['tokens_per_param'], change < 0))
+            failed = g['collapsed'] + g['diverged'] > 0
+            items.setdefault(('intention to treat', outcome), []).append(
+                (g['scale'], g['sat_itt'], g['screen_sat_itt'], g['tokens_per_param'],
+                 not failed and change is not None and change < 0))
+    return items
+
+
+def score_rule(items, opts, screen_steps=None):
+    """Each predictor on the items: saturation at the end and at the screen's step against the
+    threshold, and the baseline 'helps iff tokens per parameter is below t', t fitted on the items."""
+    out = []
+    for column, predictor, threshold in ((1, 'saturation (end)', opts['threshold']),
+                                         (2, f'saturation (step {screen_steps})', opts['threshold']),
+                                         (3, 'tokens/param (fitted)', None)):
+        scored = [(it[0], -it[3] if column == 3 else it[column], it[4]) for it in items
+                  if it[column] is not None]
+        if not scored:
+            continue
+        res = rule_stats(scored, threshold)
+        res['intervals'] = bootstrap_rule(scored, opts['bootstrap'], opts['seed'], threshold)
+        out.append(dict(res, predictor=predictor))
     return out
 
 
 def screening(groups, runs, opts):
-    """The rule 'saturation > threshold -> DyT helps' scored on every DyT cell (scale x budget, seed
-    means), with saturation at the end of the run (as the study did) and after the screen's steps,
-    against the change at the final and at the best checkpoint; and how step-N saturation relates to
-    final saturation, run by run."""
-    dyt = [g for g in groups if g['norm'] == 'dyt' and g.get('change_final') is not None]
-    rule = {}
-    for sat, name in (('sat', 'final_sat'), ('screen_sat', 'screen_sat')):
-        for outcome in ('final', 'best'):
-            items = [(g['scale'], g[sat], g[f'change_{outcome}'] < 0) for g in dyt if g[sat] is not None]
-            if items:
-                rule[f'{name}/{outcome}'] = dict(
-                    bootstrap_rule(items, opts['threshold'], opts['bootstrap'], opts['seed']),
-                    screen_steps=next((r['screen_iter'] for r in runs if r.get('screen_iter')), None))
-    pairs = [(r['screen_sat'], r['sat']) for r in runs  # the rule is DyT's: Derf saturates otherwise
-             if r['status'] == 'finished' and r.get('norm') == 'dyt' and r.get('screen_sat') is not None
+    """The rule scored for DyT and Derf, both ways and at both checkpoints; and how the screen's
+    saturation relates to the end's, run by run."""
+    screen_steps = next((r['screen_iter'] for r in runs if r.get('screen_iter')), None)
+    rule = []
+    for norm in POINTWISE:
+        for (analysis, outcome), items in rule_items(groups, norm).items():
+            for res in score_rule(items, opts, screen_steps):
+                rule.append(dict(res, norm=norm, analysis=analysis, outcome=outcome,
+                                 screen_steps=screen_steps))
+    pairs = [(r['screen_sat'], r['sat']) for r in runs if r['status'] in ENDED
+             and r.get('norm') in POINTWISE and r.get('screen_sat') is not None
              and r.get('sat') is not None]
     a, b = np.array(pairs).T if pairs else ([], [])
     th = opts['threshold']
@@ -264,8 +317,8 @@ def screening(groups, runs, opts):
 
 
 def spectra_and_rank(runs, opts):
-    """Mean HTSR alpha and activation effective rank of each finished LN/DyT run's final checkpoint, with
-    analyze.py's functions; cached in the cell folder as analysis.json."""
+    """Mean HTSR alpha and activation effective rank of each finished LN/DyT/Derf run's final checkpoint,
+    with analyze.py's functions; cached in the cell folder as analysis.json."""
     for r in runs:
         if r['status'] != 'finished' or (r['variant'] != baseline(r['variant'])
                                          and r['norm'] not in POINTWISE):
@@ -291,12 +344,19 @@ def pm(mean, std):
     return '-' if mean is None else fmt(mean, '.4f') + ('' if std is None else f' ± {fmt(std, ".4f")}')
 
 
-def change_cell(g, key):
-    if g.get(f'change_{key}') is None:
-        return '-'
-    p = g[f'paired_{key}']['p']
-    seeds = ', '.join(f'{c:+.1f}' for c in g[f'seed_change_{key}'])
-    return f"{g[f'change_{key}']:+.1f}% ({seeds}; p={fmt(p, '.3f')})"
+def interval(ci, spec):
+    return '' if ci is None or None in ci else f" [{fmt(ci[0], spec)}, {fmt(ci[1], spec)}]"
+
+
+def effect_cells(e):
+    """An effect as table cells: nats [CI], % [CI], seeds lower, p (Holm)."""
+    if e is None:
+        return ['-'] * 4
+    p = '-' if e['n'] < MIN_SEEDS_FOR_P or e['p'] is None else \
+        f"{fmt(e['p'], '.3f')} ({fmt(e.get('holm'), '.3f')})"
+    return [f"{e['mean_diff']:+.4f}{interval(e['ci'], '+.4f')}",
+            f"{e['pct']:+.1f}%{interval(e['pct_ci'], '+.1f')}",
+            f"{e['lower']} of {e['n']}", p]
 
 
 def beside_published(groups):
@@ -317,41 +377,85 @@ def table(header, rows):
         + ['| ' + ' | '.join(map(str, r)) + ' |' for r in rows] + ['']
 
 
-def markdown(grid_dir, rows, groups, rule, link, pub, opts):
+def rule_table(rule):
+    """The rule's rows: right of n with the exact binomial 95% interval; balanced accuracy, AUC and
+    leave-one-scale-out with the scale-resampling bootstrap's 95% interval."""
+    def boot(r, key, spec='.2f'):
+        return fmt(r[key], spec) + interval(r['intervals'].get(key), spec)
+    return table(['norm', 'runs counted', 'outcome at', 'predictor', 'threshold',
+                  'right of n (exact 95%)', 'balanced accuracy', 'AUC', 'leave-one-scale-out'],
+                 [[r.get('norm', 'dyt'), r.get('analysis', '-'), r.get('outcome', 'final'),
+                   r['predictor'], (f"T/P < {-r['threshold']:.3g}" if r['predictor'].startswith('tokens')
+                                    else f"> {r['threshold']:.3g}"),
+                   f"{r['correct']} of {r['n']} = {fmt(r['accuracy'], '.0%')}"
+                   f"{interval(r['accuracy_ci'], '.0%')}",
+                   boot(r, 'balanced_accuracy'), boot(r, 'auc'), boot(r, 'loso')] for r in rule])
+
+
+RULE_NOTE = ('Per protocol drops collapsed and diverged runs (the study\'s way); intention to treat '
+             'keeps every run that ended and scores a cell with a collapsed or diverged run as "hurts". '
+             'The tokens-per-parameter baseline fits its threshold on the same cells (in-sample, so it '
+             'is favoured); leave-one-scale-out refits every threshold on the other scales. Intervals: '
+             'exact (Clopper-Pearson) for the count right, otherwise percentiles of {boot} bootstrap '
+             'resamples of scales (cells of one scale are not independent; one scale gives none).')
+
+
+def markdown(grid_dir, rows, groups, flips, rule, link, pub, opts):
     counts = {st: sum(r['status'] == st for r in rows) for st in ('finished', 'collapsed', 'diverged',
                                                                   'failed', 'partial', 'new')}
+    near = sum(r.get('near_unigram', False) for r in rows)
     md = [f'# Study report: {grid_dir}', '',
           'Runs: ' + ', '.join(f'{n} {st}' for st, n in counts.items() if n)
-          + '. Means are over finished runs only; collapsed, diverged, failed and unfinished runs are '
-          'listed below, never averaged in. Change = (variant - baseline) / baseline over seed means; '
-          'in brackets each seed\'s paired change and the paired t-test p-value over seeds. Val '
-          'accuracy is next-token accuracy for language runs, test-set accuracy for a ViT.', '',
+          + (f' ({near} of the finished near the unigram level)' if near else '') + '. Means and sample '
+          'standard deviations (ddof 1) over finished runs; collapsed (final train loss within '
+          f"{opts['collapse_margin']} nats of the budget's unigram level), diverged, failed and "
+          'unfinished runs are counted and listed, not averaged in; near unigram (within '
+          f"{opts['near_margin']} nats) are averaged in and flagged. Tokens/param: what the run saw, "
+          'min(budget, steps x tokens per step). Unigram level on val: the val loss of predicting the '
+          "budget's token frequencies (add-one smoothed), what a collapsed model scores. Val accuracy "
+          'is next-token accuracy for language runs, test-set accuracy for a ViT.', '',
           '## Validation loss: final and best checkpoint', '']
-    md += table(['scale', 'budget', 'tokens/param', 'variant', 'n', 'final val loss',
-                 'best val loss (mean step)', 'change, final', 'change, best', 'final val accuracy',
-                 'saturation, end / screen'],
-                [[g['scale'], g['budget'], fmt(g['tokens_per_param'], '.3g'), g['variant'], g['n'],
+    md += table(['scale', 'budget', 'tokens/param', 'variant', 'finished / collapsed / diverged / near '
+                 'unigram', 'final val loss', 'best val loss (mean step)', 'unigram level on val',
+                 'final val accuracy', 'saturation, end / screen', 'layers > 99% saturated'],
+                [[g['scale'], g['budget'], fmt(g['tokens_per_param'], '.3g'), g['variant'],
+                  f"{g['n']} / {g['collapsed']} / {g['diverged']} / {g['near_unigram']}",
                   pm(g['final'], g['final_std']),
                   f"{pm(g['best'], g['best_std'])} ({fmt(g['best_iter'], '.0f')})",
-                  change_cell(g, 'final'), change_cell(g, 'best'), pm(g['acc'], g['acc_std']),
-                  f"{fmt(g['sat'], '.3f')} / {fmt(g['screen_sat'], '.3f')}"]
-                 for g in groups])
-
-    def with_ci(s, k):
-        return fmt(s[k], '.2f') + (f" [{', '.join(fmt(v, '.2f') for v in s[k + '_ci'])}]" if s[k + '_ci']
-                                   else '')
-    md += [f"## Screening rule: saturation > {opts['threshold']} -> DyT helps", '',
-           'Items: DyT cells (scale x budget, seed means). Leave-one-scale-out fits the threshold on '
-           f"the other scales. 95% bootstrap intervals ({opts['bootstrap']} resamples of the items). "
-           f'{PUBLISHED_RULE}.', '']
-    md += table(['saturation at / outcome at', 'n', 'accuracy', 'balanced accuracy', 'AUC',
-                 'leave-one-scale-out'],
-                [[key.replace('screen_sat', f"step {s['screen_steps']}"), s['n']]
-                 + [with_ci(s, k) for k in ('accuracy', 'balanced_accuracy', 'auc', 'loso')]
-                 for key, s in rule.items()])
-    md += [f"Saturation after {next((s['screen_steps'] for s in rule.values()), '-')} steps against "
-           f"saturation at the end, over {link['n']} DyT runs: mean {fmt(link['mean_screen'], '.3f')} "
-           f"vs {fmt(link['mean_final'], '.3f')}, Pearson r {fmt(link['pearson'], '.3f')}, same side of "
+                  fmt(g['val_unigram'], '.4f'), pm(g['acc'], g['acc_std']),
+                  f"{fmt(g['sat'], '.3f')} / {fmt(g['screen_sat'], '.3f')}",
+                  fmt(g['layers_saturated'], 'd')] for g in groups])
+    compared = [g for g in groups if g.get('effect_final') or g.get('effect_best')]
+    md += ['## Effects against the same architecture with LayerNorm', '',
+           'Over the seeds both have: variant minus baseline in nats with the paired-t 95% interval, in '
+           "% of the baseline's mean over those seeds, how many seeds are lower, and the paired "
+           "t-test's two-sided p with Holm's adjustment over every comparison of the table (from "
+           f'{MIN_SEEDS_FOR_P} seeds; with 2, one degree of freedom, read the signs and the interval).',
+           '']
+    md += table(['scale', 'budget', 'variant', 'final: change (nats)', 'final: %', 'final: seeds lower',
+                 'final: p (Holm)', 'best: change (nats)', 'best: %', 'best: seeds lower',
+                 'best: p (Holm)'],
+                [[g['scale'], g['budget'], f"{g['variant']} vs {baseline(g['variant'])}",
+                  *effect_cells(g.get('effect_final')), *effect_cells(g.get('effect_best'))]
+                 for g in compared]) if compared else ['No variant has a baseline in this grid.', '']
+    if flips:
+        md += ['## The sign flip', '',
+               'Better than LayerNorm at the smallest budget AND worse at the largest (final '
+               'checkpoint): the seeds where both hold, and the intersection-union test (each '
+               f'one-sided paired t at level alpha, p = the larger; from {MIN_SEEDS_FOR_P} seeds).', '']
+        md += table(['scale', 'variant', 'smallest budget: %', 'largest budget: %', 'seeds that flip',
+                     'IUT p'],
+                    [[f['scale'], f['variant'], f"{f['small']}: {f['small_pct']:+.1f}%"
+                      f"{interval(f['small_ci'], '+.1f')}",
+                      f"{f['large']}: {f['large_pct']:+.1f}%{interval(f['large_ci'], '+.1f')}",
+                      f"{f['flipped']} of {f['seeds']}",
+                      fmt(f['p'], '.3f') if f['n'] >= MIN_SEEDS_FOR_P else '-'] for f in flips])
+    md += [f"## Screening rule: saturation > {opts['threshold']} -> helps, and a tokens-per-parameter "
+           'baseline', '', RULE_NOTE.format(boot=opts['bootstrap']) + f' {PUBLISHED_RULE}.', '']
+    md += rule_table(rule) if rule else ['No DyT or Derf cell with a LayerNorm baseline.', '']
+    md += [f"Saturation after {next((r['screen_steps'] for r in rule), '-')} steps against saturation "
+           f"at the end, over {link['n']} DyT and Derf runs: mean {fmt(link['mean_screen'], '.3f')} vs "
+           f"{fmt(link['mean_final'], '.3f')}, Pearson r {fmt(link['pearson'], '.3f')}, same side of "
            f"the threshold in {fmt(link['same_side'], '.0%')}.", '']
     analysed = [g for g in groups if g.get('htsr_alpha') is not None or g.get('erank') is not None]
     if analysed:
@@ -366,9 +470,10 @@ def markdown(grid_dir, rows, groups, rule, link, pub, opts):
                   fmt(p['ours'], '.4g'), fmt(p['difference'], '+.4g')] for p in pub]) if pub else \
         ['No cell of this grid has a published counterpart (the study: GPT-2 64m-3.78b on '
          'WikiText-103).', '']
-    md += ['## Runs not averaged', '']
-    md += [f"- {r['name']}: **{r['status']}**" + (f" ({r['reason']})" if r.get('reason') else '')
-           for r in rows if r['status'] != 'finished'] or ['None.']
+    md += ['## Runs not averaged, or flagged', '']
+    md += [f"- {r['name']}: **{'near unigram' if r.get('near_unigram') else r['status']}**"
+           + (f" ({r['reason']})" if r.get('reason') else '')
+           for r in rows if r['status'] != 'finished' or r.get('near_unigram')] or ['None.']
     return '\n'.join(md) + '\n'
 
 
@@ -380,66 +485,120 @@ def plots(report_dir, groups, opts):
     def save(fig, name):
         save_png(fig, os.path.join(report_dir, name))
         names.append(name)
-    compared = [g for g in groups if g.get('change_final') is not None]
-    if any(g['tokens_per_param'] for g in compared):  # token budgets (a ViT grid has none)
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+
+    def lines(cells):  # one line per (scale, variant), along tokens per parameter
+        for scale, variant in dict.fromkeys((g['scale'], g['variant']) for g in cells):
+            yield f'{scale} {variant}', sorted((g for g in cells if (g['scale'], g['variant']) ==
+                                                (scale, variant)), key=lambda g: g['tokens_per_param'])
+    compared = [g for g in groups if g.get('change_final') is not None and g['tokens_per_param']]
+    if compared:  # token budgets (a ViT grid has none)
+        fig, axes = plt.subplots(1, 3, figsize=(16, 4))
         for ax, key in zip(axes, ('final', 'best')):
-            for scale, variant in dict.fromkeys((g['scale'], g['variant']) for g in compared):
-                line = sorted((g['tokens_per_param'], g[f'change_{key}'], g['budget']) for g in compared
-                              if (g['scale'], g['variant']) == (scale, variant)
-                              and g['tokens_per_param'])
-                ax.plot([x for x, _, _ in line], [y for _, y, _ in line], 'o-',
-                        label=f'{scale} {variant}')
-                for x, y, b in line:
-                    ax.annotate(b, (x, y), fontsize=7, xytext=(3, 3), textcoords='offset points')
+            for name, line in lines([g for g in compared if g[f'effect_{key}']]):
+                x = [g['tokens_per_param'] for g in line]
+                y = [g[f'change_{key}'] for g in line]
+                err = np.array([[y0 - (ci or [y0, y0])[0], (ci or [y0, y0])[1] - y0] for y0, ci in
+                                zip(y, (g[f'effect_{key}']['pct_ci'] for g in line))]).T
+                ax.errorbar(x, y, yerr=err, fmt='o-', capsize=3, label=name)
+                for g in line:
+                    ax.annotate(g['budget'], (g['tokens_per_param'], g[f'change_{key}']), fontsize=7,
+                                xytext=(3, 3), textcoords='offset points')
             ax.axhline(0, c='gray', lw=0.8)
-            ax.set(xscale='log', xlabel='training tokens per parameter', title=f'{key} checkpoint')
+            ax.set(xscale='log', xlabel='training tokens per parameter (seen)',
+                   ylabel='val loss change vs LayerNorm (%, paired 95% CI)', title=f'{key} checkpoint')
         axes[0].plot([tokens / 63.5e6 for tokens in (1e6, 10e6, 50e6, 118e6)],  # 63.5M parameters
                      [PUBLISHED['change_%']['64m', b, 'dyt'] for b in BUDGETS], 'k--', alpha=0.4,
                      label='Verma 2026, 64m dyt (published)')  # its final step
-        axes[0].set_ylabel('val loss change vs LayerNorm (%)')
         axes[0].legend(fontsize=8)
+        for name, line in lines([g for g in groups if g['final'] is not None and g['tokens_per_param']]):
+            axes[2].plot([g['tokens_per_param'] for g in line], [g['final'] for g in line], 'o-',
+                         label=name)
+        ref = sorted({(g['tokens_per_param'], g['val_unigram']) for g in groups
+                      if g['val_unigram'] and g['tokens_per_param'] and g['variant'] == 'ln'})
+        if ref:
+            axes[2].plot(*zip(*ref), 'kx:', label='unigram level on val')
+        axes[2].set(xscale='log', xlabel='training tokens per parameter (seen)', ylabel='final val loss',
+                    title='val loss and the unigram level')
+        axes[2].legend(fontsize=7)
         fig.suptitle('The sign flip: below 0, the variant beats LayerNorm')
         save(fig, 'signflip.png')
-    dyt = [g for g in compared if g['norm'] == 'dyt' and g['sat'] is not None]
-    if dyt:
+    pointwise = [g for g in groups if g['norm'] in POINTWISE and g.get('change_final') is not None
+                 and g['sat'] is not None]
+    if pointwise:
         fig, ax = plt.subplots(figsize=(6, 4))
         for key, marker, what in (('sat', 'o', 'end of run'), ('screen_sat', 's', 'screen step')):
-            pts = [(g[key], g['change_final'], f"{g['scale']} {g['budget']}") for g in dyt
-                   if g[key] is not None]
+            pts = [(g[key], g['change_final'], f"{g['scale']} {g['budget']} {g['variant']}")
+                   for g in pointwise if g[key] is not None]
             ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker,
                        label=f'saturation at {what}')
             for x, y, name in pts:
                 ax.annotate(name, (x, y), fontsize=7, xytext=(3, 3), textcoords='offset points')
         ax.axvline(opts['threshold'], ls=':', c='gray', label=f"threshold {opts['threshold']}")
         ax.axhline(0, c='gray', lw=0.8)
-        ax.set(xlabel='saturation (fraction |alpha x| > 2)', ylabel='DyT change, final (%)',
-               title='Does saturation predict the change?')
+        ax.set(xlabel='saturation (fraction of |f| > tanh(2) of its bound)',
+               ylabel='change vs LayerNorm, final (%)', title='Does saturation predict the change?')
         ax.legend(fontsize=8)
         save(fig, 'saturation.png')
     return names
 
 
+def published_rule(opts):
+    """The rule and its baseline on the study's own 12 cells, and on its other artifact's version."""
+    out, md = {}, ['# The screening rule on the study\'s 12 cells (Verma 2026)', '',
+                   'Saturation at the end of the run against DyT\'s change vs LayerNorm at the final '
+                   'checkpoint, as the study scored its rule; beside it "helps iff tokens per parameter '
+                   'is below t", t fitted on the cells, and the study\'s own figure T/P < 0.0855 '
+                   '(between 124m/10M at 0.081 and 1.3b/all at 0.090). '
+                   + RULE_NOTE.format(boot=opts['bootstrap']).split('. ', 1)[1], '']
+    for source, cells in (('predictor_validation.json', PAPER_CELLS),
+                          ('crossover_predictor.json', [(s, b, tp, PAPER_CELLS_OTHER.get((s, b), {}).get(
+                              'sat', sat), PAPER_CELLS_OTHER.get((s, b), {}).get('change', ch))
+                              for s, b, tp, sat, ch in PAPER_CELLS])):
+        items = [(s, sat, None, tp, change < 0) for s, b, tp, sat, change in cells]
+        rows = score_rule(items, opts)
+        stated = [(s, -tp, helps) for s, _, _, tp, helps in items]
+        rows.append(dict(rule_stats(stated, -0.0855), predictor='tokens/param (stated)',
+                         intervals=bootstrap_rule(stated, opts['bootstrap'], opts['seed'], -0.0855)))
+        sats = [(s, sat, helps) for s, sat, _, _, helps in items]
+        rows.append(dict(rule_stats(sats, None, opts['threshold']), predictor='saturation (refitted)',
+                         intervals=bootstrap_rule(sats, opts['bootstrap'], opts['seed'], None,
+                                                  opts['threshold'])))
+        for r in rows:
+            r['analysis'] = "the study's"
+        out[source] = rows
+        md += [f'## The cells as in {source}', ''] + rule_table(rows)
+    md += ['The study reports 75% in-sample and AUC 0.75 for saturation > 0.43 on these cells, and '
+           'crossover_predictor.json a refitted threshold 0.467 at 67%.', '']
+    return out, '\n'.join(md) + '\n'
+
+
 def main(argv):
     """The report on the grid folder in argv (and --key=value options): what report.json holds."""
-    opts, rest = command_line(OPTIONS, argv)
+    # `report --published` reads as the issue of a flag, not a path: the one bare flag taken
+    opts, rest = command_line(OPTIONS, ['--published=True' if a == '--published' else a for a in argv])
+    if opts['published']:
+        res, md = published_rule(opts)
+        print(md)
+        return res
     if len(rest) != 1 or not os.path.isdir(rest[0]):
         raise SystemExit('usage: python annex/study.py report GRID_OUT_DIR (the out_dir of '
-                         '`python annex/study.py run`)')
+                         '`python annex/study.py run`), or report --published')
     rows = collect(rest[0], opts)
     if opts['analysis']:
         spectra_and_rank(rows, opts)
     groups = summarize(rows)
+    flips = sign_flips(groups)
     rule, link = screening(groups, rows, opts)
     pub = beside_published(groups)
-    md = markdown(rest[0], rows, groups, rule, link, pub, opts)
-    write_json(os.path.join(rest[0], 'report.json'), dict(schema='nanonorm-study-report/1', options=opts,
-                                                          runs=rows, groups=groups, rule=rule,
-                                                          screen_vs_final=link, published=pub))
+    md = markdown(rest[0], rows, groups, flips, rule, link, pub, opts)
+    result = dict(runs=rows, groups=groups, sign_flips=flips, rule=rule, screen_vs_final=link,
+                  published=pub)
+    write_json(os.path.join(rest[0], 'report.json'),
+               dict(schema='nanonorm-study-report/2', options=opts, **result))
     atomic_write(os.path.join(rest[0], 'report.md'), lambda f: f.write(md.encode()))
     names = plots(rest[0], groups, opts)
     print(md + f"\nwrote {rest[0]}/report.md, report.json" + ''.join(f', {n}' for n in names))
-    return dict(runs=rows, groups=groups, rule=rule, screen_vs_final=link, published=pub)
+    return result
 
 
 if __name__ == '__main__':

@@ -3,11 +3,11 @@ The study as commands (Verma 2026, "When Does Removing LayerNorm Help?", arXiv 2
 repository root:
 
   python annex/study.py screen config/gpt2_64m_dyt.py --train_tokens=1_000_000 [--compare=True]
-      Train the DyT config for screen_steps (500) steps, read its saturation on the fixed train
-      windows, and predict whether DyT will help (saturation > threshold 0.43) or hurt against LayerNorm
-      at the end of the full run. --compare=True also trains LayerNorm for as many steps and prints the
-      gap between them at that step. Writes out_screen/<config>_<budget>_s<seed>/screen.json (or into
-      --screen_dir).
+      Train the DyT (or Derf) config for screen_steps (500) steps, read its saturation on the fixed
+      train windows, and predict whether it will help (saturation > threshold 0.43) or hurt against
+      LayerNorm at the end of the full run. --compare=True also trains LayerNorm for as many steps and
+      prints the gap between them at that step. Writes out_screen/<config>_<budget>_s<seed>/screen.json
+      (or into --screen_dir).
   python annex/study.py screen --norm=dyt --max_iters=500 --lr_decay_iters=500 --train_tokens=10_000 \\
                                --screen_steps=50 --compare=True
       The same on a CPU, in about 20 s on 2 cores: the first 50 steps of config/grid_mini.py's
@@ -46,7 +46,7 @@ from data.common import read_log, write_json
 from model import GPTConfig
 
 LLAMA = dict(pos='rope', mlp='swiglu', n_kv_head=4)
-VARIANTS = {  # train.py overrides on top of a scale; alpha0 2.0 everywhere, as in the study
+VARIANTS = {  # train.py overrides on top of a scale; alpha0 2.0 as in the study, except derf_ref's
     'ln': dict(norm='layernorm'), 'rmsnorm': dict(norm='rmsnorm'),
     'dyt': dict(norm='dyt', dyt_alpha=2.0), 'hardtanh': dict(norm='hardtanh'),
     'diff': dict(norm='layernorm', attn='diff'),
@@ -54,7 +54,10 @@ VARIANTS = {  # train.py overrides on top of a scale; alpha0 2.0 everywhere, as 
     'llama_ln': dict(LLAMA, norm='layernorm'), 'llama_rmsnorm': dict(LLAMA, norm='rmsnorm'),
     'llama_dyt': dict(LLAMA, norm='dyt', dyt_alpha=2.0),
     'llama_dyt_gelu': dict(LLAMA, norm='dyt', dyt_alpha=2.0, mlp='gelu'),
-    'derf': dict(norm='derf', dyt_alpha=2.0)}
+    'derf': dict(norm='derf', dyt_alpha=2.0),  # matched to the study's DyT
+    # the Derf paper's own recipe: alpha0 0.5 (its default; its GPT-2 patch's config has 1.0) and a
+    # learnable scalar on the embeddings, init sqrt(n_embd)
+    'derf_ref': dict(norm='derf', dyt_alpha=0.5, embed_scale=True)}
 GRID_KEYS = dict(scales=dict, budgets=list, variants=list, seeds=list, overrides=dict,
                  budget_overrides=dict, custom_variants=dict, out_dir=str, screen_steps=int)
 RUNNER_SETS = ('out_dir', 'train_tokens', 'seed', 'init_from', 'overwrite')  # a grid may not set these
@@ -300,9 +303,13 @@ def cmd_screen(argv):
     opts, train_args = command_line(SCREEN, argv, to_train=True)
     train_args = [a if a.startswith('--') else os.path.abspath(a) for a in train_args]  # for cwd=REPO
     cfg = check_train_args(train_args, 'error')
-    if cfg['norm'] != 'dyt':
-        raise SystemExit("error: the screen trains a DyT configuration; this one has "
-                         f"norm={cfg['norm']!r}")
+    kind = cfg['norm']  # the screening run's norm; --compare=True adds LayerNorm
+    if kind not in ('dyt', 'derf'):
+        raise SystemExit("error: the screen trains a DyT or Derf configuration; this one has "
+                         f"norm={kind!r}")
+    # saturation as norm_stats counts it: as far from the bound for tanh and erf
+    name, counted = {'dyt': ('DyT', '|alpha x| > 2'),
+                     'derf': ('Derf', '|erf(alpha x + s)| > tanh(2)')}[kind]
     steps, th = opts['screen_steps'], opts['threshold']
     files = [a for a in train_args if not a.startswith('--')]
     stem = '_'.join(os.path.splitext(os.path.basename(a))[0] for a in files) or 'train'
@@ -311,7 +318,7 @@ def cmd_screen(argv):
         'out_screen', f"{stem}_{label(cfg['train_tokens'])}_s{cfg['seed']}")
     result = dict(config=train_args, steps=steps, threshold=th, train_tokens=cfg['train_tokens'],
                   seed=cfg['seed'])
-    norms = ['dyt'] + ['layernorm'] * opts['compare']
+    norms = [kind] + ['layernorm'] * opts['compare']
     for norm in norms:
         # the first `steps` steps of the full run exactly: data order and schedule ignore max_iters
         cell = dict(name=norm, args=train_args + [f'--norm={norm!r}', f'--max_iters={steps}',
@@ -332,45 +339,52 @@ def cmd_screen(argv):
         if not result[norm] or result[norm]['iter'] != steps:
             raise SystemExit(f'error: {d}/log.jsonl has no evaluation at step {steps}; delete {d} and '
                              'screen again')
-    dyt = result['dyt']
-    sat = dyt['saturation'][norm_stats.AT_2]
+    screened = result[kind]
+    sat = screened['saturation'][norm_stats.AT_2]
     result.update(saturation=sat, prediction='help' if sat > th else 'hurt')
     n_windows = cfg['eval_iters'] * cfg['batch_size']
-    print(f"\nscreen: {' '.join(train_args)}\nDyT after {steps} steps: saturation {sat:.3f} (fraction "
-          f"of |alpha x| > 2 over every DyT layer, {n_windows} fixed train windows); per layer: "
+    print(f"\nscreen: {' '.join(train_args)}\n{name} after {steps} steps: saturation {sat:.3f} "
+          f"(fraction of {counted} over every {name} layer, {n_windows} fixed train windows); "
+          "per layer: "
           + ', '.join(f"{n.removeprefix('transformer.')} {v['saturation'][norm_stats.AT_2]:.2f}"
-                      for n, v in dyt['norm_layers'].items()))
+                      for n, v in screened['norm_layers'].items()))
     for norm in norms:  # train.py's signs of a collapse, otherwise only in train.out
         for r in read_log(os.path.join(root, norm, 'log.jsonl'), lambda e: e['event'] == 'eval'):
             for w in r.get('warnings', ()):
                 print(f"warning ({norm} run, step {r['iter']}): {w}")
-    print(f"prediction: saturation {'>' if sat > th else '<='} {th} -> DyT expected to "
+    print(f"prediction: saturation {'>' if sat > th else '<='} {th} -> {name} expected to "
           + ('HELP (lower val loss than LayerNorm)' if sat > th else
              'HURT (higher val loss than LayerNorm)')
-          + f" at the end of the run, at this data budget\ntrust: {PUBLISHED_RULE}")
+          + f" at the end of the run, at this data budget\ntrust: {PUBLISHED_RULE}"
+          + ('' if kind == 'dyt' else '; fitted on DyT, untested on Derf'))
     result['our_accuracy'] = {}
     for path in sorted(glob.glob(opts['reports'])):
         report = read_json(path) or {}
-        rule, link = report.get('rule', {}).get('screen_sat/final'), report.get('screen_vs_final') or {}
+        link = report.get('screen_vs_final') or {}
+        # the report's row for this screen: this norm, step-N saturation, collapses counted as "hurts"
+        rule = next((r for r in report.get('rule', []) if r.get('norm') == kind
+                     and r['predictor'].startswith('saturation (step') and r['outcome'] == 'final'
+                     and r['analysis'] == 'intention to treat'), None)
         if rule and rule.get('accuracy') is not None:
             result['our_accuracy'][path] = rule
             ci = rule.get('accuracy_ci') or [None, None]
             print(f"  ours ({path}): the rule on step-{rule['screen_steps']} saturation was right on "
-                  f"{rule['accuracy']:.0%} of {rule['n']} cells (95% CI {fmt(ci[0], '.0%')}-"
-                  f"{fmt(ci[1], '.0%')}), AUC {fmt(rule['auc'], '.2f')}; step-{rule['screen_steps']} "
-                  f"against final saturation: r = {fmt(link.get('pearson'), '.2f')}, same side of the "
-                  f"threshold in {fmt(link.get('same_side'), '.0%')} of {link.get('n')} runs")
+                  f"{rule['correct']} of {rule['n']} {name} cells (exact 95% CI {fmt(ci[0], '.0%')}-"
+                  f"{fmt(ci[1], '.0%')}; collapsed runs counted as 'hurts'), AUC "
+                  f"{fmt(rule['auc'], '.2f')}; step-{rule['screen_steps']} against final saturation: "
+                  f"r = {fmt(link.get('pearson'), '.2f')}, same side of the threshold in "
+                  f"{fmt(link.get('same_side'), '.0%')} of {link.get('n')} runs")
     if not result['our_accuracy']:
         print('  ours: no report found yet (run a grid and `python annex/study.py report`: it measures '
               'the rule)')
     if opts['compare']:
         ln = result['layernorm']
-        result['early_gap_%'] = 100 * (dyt['val_loss'] - ln['val_loss']) / ln['val_loss']
+        result['early_gap_%'] = 100 * (screened['val_loss'] - ln['val_loss']) / ln['val_loss']
         warm = cfg['decay_lr'] and steps <= cfg['warmup_iters']  # train.py warms up only with decay_lr
-        print(f"early gap at step {steps}: val loss DyT {dyt['val_loss']:.4f} vs LayerNorm "
+        print(f"early gap at step {steps}: val loss {name} {screened['val_loss']:.4f} vs LayerNorm "
               f"{ln['val_loss']:.4f} ({result['early_gap_%']:+.1f}%); train loss "
-              f"{dyt['train_loss']:.4f} vs {ln['train_loss']:.4f}\n  This is the gap at step {steps} of "
-              f"the run's {cfg['max_iters']}, "
+              f"{screened['train_loss']:.4f} vs {ln['train_loss']:.4f}\n  This is the gap at step "
+              f"{steps} of the run's {cfg['max_iters']}, "
               + (f"still in warmup ({cfg['warmup_iters']} steps)" if warm else 'past warmup')
               + ': not the end-of-run change that the prediction is about, and it may differ in sign.')
     write_json(os.path.join(root, 'screen.json'), result)

@@ -6,8 +6,8 @@
 # Grid keys (paths relative to the repository root):
 #   scales     {name: train.py config file, or {key: value} overrides on train.py's defaults}
 #   budgets    [train_tokens]; None = the whole train split
-#   variants   [names]: ln rmsnorm dyt derf hardtanh diff dyt_diff llama_ln llama_rmsnorm llama_dyt
-#              llama_dyt_gelu, or your own from custom_variants = {name: {key: value}}
+#   variants   [names]: ln rmsnorm dyt derf derf_ref hardtanh diff dyt_diff llama_ln llama_rmsnorm
+#              llama_dyt llama_dyt_gelu, or your own from custom_variants = {name: {key: value}}
 #   seeds      [ints]
 #   overrides  {key: value} for every cell (after the scale and the variant)
 #   budget_overrides  {budget: {key: value}} for that budget's cells (after overrides), e.g. denser evals

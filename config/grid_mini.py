@@ -8,8 +8,9 @@
 scales = {'mini': dict(max_iters=500, lr_decay_iters=500, eval_interval=50, eval_iters=10,
                        log_interval=50)}
 budgets = [10_000, 100_000, None]
-# ln and dyt_a05 (alpha0 0.5, the DyT paper's default) show the flip; dyt is the study's alpha0 2.0, which
-# saturates like the study's runs; ln_gpt2_init is LayerNorm at GPT-2's embedding init (0.02, not 0.3)
+# ln and dyt_a05 (alpha0 0.5, the DyT paper's default) show the flip; dyt is the study's alpha0 2.0,
+# which saturates like the study's runs; ln_gpt2_init is LayerNorm at GPT-2's embedding init (0.02,
+# not 0.3)
 variants = ['ln', 'ln_gpt2_init', 'dyt_a05', 'dyt']
 custom_variants = {'dyt_a05': dict(norm='dyt', dyt_alpha=0.5),
                    'ln_gpt2_init': dict(norm='layernorm', emb_init_std=0.02)}

@@ -118,16 +118,25 @@ def random_windows(n_tokens, count, length, seed=1337):
     return np.random.default_rng(seed).integers(0, n_tokens - length + 1, size=count)
 
 
-def unigram_entropy(tokens, chunk=1 << 24):
-    """Entropy in nats of the token frequencies: the loss of a model that predicts only those (a collapsed
-    one). Counted in chunks: a 118M-token budget needs no big copy."""
-    counts = np.zeros(1, dtype=np.int64)
+def token_counts(tokens, minlength=0, chunk=1 << 24):
+    """How often each token id occurs, counted in chunks: a 118M-token budget needs no big copy."""
+    counts = np.zeros(minlength, dtype=np.int64)
     for k in range(0, len(tokens), chunk):
         c = np.bincount(np.asarray(tokens[k:k + chunk]))
         counts = np.pad(counts, (0, max(len(c) - len(counts), 0)))
         counts[:len(c)] += c
+    return counts
+
+
+def entropy_of(counts):
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())
+
+
+def unigram_entropy(tokens):
+    """Entropy in nats of the token frequencies: the loss of a model that predicts only those (a collapsed
+    one)."""
+    return entropy_of(token_counts(tokens))
 
 
 # ----------------------------------------------------------------------------- what train.py trains on

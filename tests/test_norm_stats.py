@@ -1,14 +1,18 @@
 """norm_stats.py: what every norm layer sees (train.py's eval records, analyze.py), against forward hooks
-that keep each layer's inputs and compute the figures written out; and the same under torch.compile.
+that keep each layer's inputs and compute the figures written out; saturation's definition (|f| > tanh(t) for
+tanh and erf alike) against loops over elements; and the same under torch.compile.
 
 The torch.compile test here is the only one of the model (inductor on CPU takes tens of seconds even
 for a tiny model): the statistics are attached from outside model.py, so it checks both at once.
 """
+import math
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 import norm_stats
-from model import GPT
+from model import GPT, Derf, DyT
 from tests.common import randomize, tiny
 
 THRESHOLDS = [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
@@ -25,13 +29,79 @@ def capture_norm_inputs(model, names=NORM_NAMES):
 
 
 def hooked_saturation(model, name, xs):
-    """Mean over forward calls of the fraction of elements with |alpha x (+ s)| > t (tanh's or erf's
-    argument)."""
+    """Mean over forward calls of the fraction of outputs with |f| > tanh(t): DyT's |alpha x| > t, Derf's
+    |erf(alpha x + s)| > tanh(t) (erf taken in float64)."""
     layer = model.get_submodule(name)
     alpha = layer.alpha.item()
-    shift = layer.shift.item() if hasattr(layer, 'shift') else 0.0
-    return [sum((alpha * x + shift).abs().gt(t).double().mean().item() for x in xs) / len(xs)
-            for t in THRESHOLDS]
+    if isinstance(layer, Derf):
+        def above(x, t):
+            return torch.erf((alpha * x + layer.shift.item()).double()).abs() > math.tanh(t)
+    else:
+        def above(x, t):
+            return (alpha * x).abs() > t
+    return [sum(above(x, t).double().mean().item() for x in xs) / len(xs) for t in THRESHOLDS]
+
+
+def layer_saturation(layer, *xs):
+    """norm_stats' saturation of one DyT or Derf layer called on each of xs: the layer alone in a model, as
+    its ln_f."""
+    model = torch.nn.Module()
+    model.ln_f, model.config = layer, SimpleNamespace(norm='derf' if isinstance(layer, Derf) else 'dyt')
+    norm_stats.record(model)
+    with torch.no_grad():
+        for x in xs:
+            layer(x)
+    return norm_stats.read(model)['layers']['ln_f']['saturation']
+
+
+def erf_inverse(y):
+    """u with erf(u) = y, by bisection on math.erf (not torch.erfinv, which norm_stats uses)."""
+    lo, hi = -6.0, 6.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if math.erf(mid) < y else (lo, mid)
+    return (lo + hi) / 2
+
+
+def test_derf_and_dyt_saturate_alike_at_equal_outputs():
+    """A Derf layer whose erf outputs equal a DyT layer's tanh outputs, element by element, has the same
+    saturation at every threshold; erf's own argument above t would count far fewer (erf(2) is at 99.5% of
+    its bound, tanh(2) at 96.4%)."""
+    dyt, derf = DyT(1, False, 0.8), Derf(1, False, 1.7)
+    with torch.no_grad():
+        derf.shift.fill_(0.3)
+    v = torch.arange(-3.995, 4.0, 0.01, dtype=torch.float64)  # tanh's argument, 0.005 or more from every t
+    x1 = (v / 0.8).float()
+    a, s = derf.alpha.item(), derf.shift.item()
+    x2 = torch.tensor([(erf_inverse(math.tanh(dyt.alpha.item() * x)) - s) / a for x in x1.tolist()])
+    with torch.no_grad():
+        torch.testing.assert_close(derf(x2), dyt(x1), rtol=0, atol=1e-5)  # the outputs match
+    got_dyt, got_derf = layer_saturation(dyt, x1), layer_saturation(derf, x2)
+    assert got_derf == got_dyt == pytest.approx([(v.abs() > t).double().mean().item() for t in THRESHOLDS])
+    assert (a * x2 + s).abs().gt(2.0).double().mean().item() < got_derf[norm_stats.AT_2] - 0.2
+
+
+@pytest.mark.parametrize('kind', [DyT, Derf])
+def test_saturation_against_a_loop_over_elements(kind):
+    """DyT: |alpha x| > t, the study's count; Derf: |erf(alpha x + s)| > tanh(t), as far from its bound.
+    Counted element by element with math.erf and math.tanh, over two calls."""
+    torch.manual_seed(3)
+    layer = kind(8, False, 1.3)
+    if kind is Derf:
+        with torch.no_grad():
+            layer.shift.fill_(-0.4)
+    xs = [1.5 * torch.randn(4, 5, 8) for _ in range(2)]
+    got = layer_saturation(layer, *xs)
+    a, s = layer.alpha.item(), layer.shift.item() if kind is Derf else 0.0
+    values = [v for x in xs for v in x.flatten().tolist()]
+    if kind is Derf:
+        def above(v, t):
+            return abs(math.erf(a * v + s)) > math.tanh(t)
+    else:
+        def above(v, t):
+            return abs(a * v) > t
+    want = [sum(above(v, t) for v in values) / len(values) for t in THRESHOLDS]
+    assert got == pytest.approx(want, abs=1e-12) and len(set(want)) == len(THRESHOLDS)
 
 
 @pytest.mark.parametrize('norm', ['dyt', 'derf', 'layernorm', 'rmsnorm', 'hardtanh'])

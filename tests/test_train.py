@@ -429,10 +429,10 @@ def test_crash_while_checkpointing_keeps_previous(data_dir, tmp_path, monkeypatc
     assert sorted(os.listdir(out)) == ['best.pt', 'ckpt.pt', 'config.json', 'log.jsonl', 'summary.json']
 
 
-def test_collapse_signs_are_warned(data_dir, tmp_path, capsys):
+def test_collapse_signs_are_warned(data_dir, tmp_path, capsys, monkeypatch):
     """A model that cannot learn stays at (or above) the unigram loss; a DyT with a huge alpha0 has every
     layer saturated. train.py warns of both (the signs of DyT's collapse) and records the budget's
-    unigram entropy."""
+    unigram entropy. The unigram sign starts after warmup or COLLAPSE_AFTER steps, whichever is fewer."""
     out = str(tmp_path / 'frozen')
     assert run(data_dir, out, '--max_iters=6', '--eval_interval=3', '--learning_rate=0.0',
                '--min_lr=0.0', '--norm=dyt', '--dyt_alpha=100000.0', '--train_tokens=4000') == 0
@@ -445,9 +445,20 @@ def test_collapse_signs_are_warned(data_dir, tmp_path, capsys):
     assert [len(r['warnings']) for r in evals] == [1, 2, 2]  # the unigram sign after warmup (2 steps)
     assert all('norm layers saturated' in r['warnings'][-1] and 'transformer.ln_f' in r['warnings'][-1]
                for r in evals)
-    assert (f'at the unigram level of the budget ({entropy:.3f} nats) after warmup'
+    assert (f'after 6 steps: at the unigram level of the budget ({entropy:.3f} nats)'
             in evals[-1]['warnings'][0])
     assert 'warning: train loss' in capsys.readouterr().out
+    # a warmup longer than COLLAPSE_AFTER (the study's 2000 steps) does not delay it: its 500-step screen
+    # sees it. Here COLLAPSE_AFTER 4 with a warmup of 100: warned at step 6, not at 3
+    assert train.COLLAPSE_AFTER < 500
+    monkeypatch.setattr(train, 'COLLAPSE_AFTER', 4)
+    out = str(tmp_path / 'long_warmup')
+    assert run(data_dir, out, '--max_iters=6', '--eval_interval=3', '--learning_rate=0.0', '--min_lr=0.0',
+               '--warmup_iters=100', '--train_tokens=4000') == 0
+    evals = records(out, 'eval')
+    assert evals[1]['train_loss'] == evals[2]['train_loss'] > entropy - train.COLLAPSE_MARGIN  # lr 0
+    assert [r['warnings'] for r in evals[:2]] == [[], []] and len(evals[2]['warnings']) == 1
+    assert 'after 6 steps: at the unigram level' in evals[2]['warnings'][0]
     # a model that learns gets no warning
     assert run(data_dir, str(tmp_path / 'ok'), '--max_iters=40', '--eval_interval=20',
                '--overwrite=True') == 0

@@ -15,9 +15,10 @@ import pytest
 import torch
 
 import train
-from annex import report, study
+from annex import report, stats, study
+from checkpoint import load_checkpoint
 from configurator import configure
-from data.common import read_log
+from data.common import random_windows, read_log
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, eval_iters=2, log_interval=1,
@@ -29,38 +30,19 @@ def t_pvalue(t, df):
     return 1 - 2 / math.pi * math.atan(abs(t)) if df == 1 else 1 - abs(t) / math.sqrt(2 + t * t)
 
 
-def test_paired_t_and_auc_by_hand():
-    for a, b in (([3.1, 3.5], [3.0, 3.2]), ([1.0, 2.0, 4.5], [0.5, 2.2, 3.0])):
-        d = [x - y for x, y in zip(a, b)]
-        m = sum(d) / len(d)
-        sd = math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1))
-        t = m / (sd / math.sqrt(len(d)))
-        res = report.paired_t(a, b)
-        assert res['t'] == pytest.approx(t) and res['mean_diff'] == pytest.approx(m)
-        assert res['p'] == pytest.approx(t_pvalue(t, len(d) - 1), abs=1e-10)
-    # t tables: the 97.5% point of 3, 4 and 10 degrees of freedom gives p = 0.05
-    for t, n in ((3.182446, 4), (2.776445, 5), (2.228139, 11)):
-        d = np.linspace(-1, 1, n)
-        d = d - d.mean() + t * d.std(ddof=1) / math.sqrt(n)  # a sample whose t statistic is exactly t
-        assert report.paired_t(d, np.zeros(n))['p'] == pytest.approx(0.05, abs=1e-5)
-    assert report.paired_t([1.0], [0.0])['p'] is None
-    scores, labels = [0.9, 0.4, 0.4, 0.1, 0.7], [True, True, False, False, False]
-    pairs = [(p, n) for p, y in zip(scores, labels) if y for n, z in zip(scores, labels) if not z]
-    assert report.auc(scores, labels) == sum(1.0 if p > n else 0.5 if p == n else 0.0
-                                             for p, n in pairs) / len(pairs)
-    assert report.auc([0.5, 0.6], [True, True]) is None
+T975 = {1: math.tan(math.pi * 0.475), 2: 0.95 / math.sqrt(2 * 0.975 * 0.025)}  # t's 97.5%, closed forms
 
 
 def test_leave_one_scale_out_on_separable_cells():
     # each scale alone is one class; the published 0.43 fits it perfectly and predicts the other scale
     # right
     items = [('a', 0.1, False), ('a', 0.2, False), ('b', 0.5, True), ('b', 0.6, True)]
-    assert report.rule_stats(items, 0.43)['loso'] == 1.0
+    assert stats.rule_stats(items, 0.43)['loso'] == 1.0
     # a threshold the other scale contradicts: fitted on b (0.45 hurts, 0.7 helps) -> 0.575; a's 0.5 then
     # predicted to hurt although it helps; fitted on a (0.3 hurts, 0.5 helps) -> 0.43 (tie with 0.4); b:
     # 0.45 wrong, 0.7 right
     items = [('a', 0.3, False), ('a', 0.5, True), ('b', 0.45, False), ('b', 0.7, True)]
-    assert report.rule_stats(items, 0.43)['loso'] == 0.5
+    assert stats.rule_stats(items, 0.43)['loso'] == 0.5
 
 
 # -------------------------------------------------------------------------- the report on synthetic runs
@@ -75,7 +57,7 @@ SAT = {('64m', '1M'): (0.60, True), ('64m', 'all'): (0.40, False), ('124m', '1M'
 
 
 def write_run(root, scale, budget, variant, seed, final, best, sat=None, train_loss=1.0, data_dir='',
-              **summary):
+              tokens=6400, **summary):
     name = f'{scale}_{study.label(budget)}_{variant}_s{seed}'
     d = os.path.join(root, name)
     os.makedirs(d)
@@ -93,7 +75,7 @@ def write_run(root, scale, budget, variant, seed, final, best, sat=None, train_l
     with open(os.path.join(d, 'summary.json'), 'w') as f:
         json.dump(dict(dict(final_val_loss=final, best_val_loss=best, best_iter=50, final_iter=100,
                             n_params=1000, final_train_loss=train_loss, saturation=sats, diverged=False,
-                            diverged_reason=None, config=cfg), **summary), f)
+                            diverged_reason=None, config=cfg, tokens=tokens), **summary), f)
     return d
 
 
@@ -105,7 +87,9 @@ def synthetic(tmp_path):
     data.mkdir()
     tokens = np.random.default_rng(3).integers(0, 50, 3000).astype(np.uint16)
     tokens.tofile(data / 'train.bin')
-    (data / 'meta.json').write_text('{"vocab_size": 50}')
+    np.random.default_rng(4).integers(0, 60, 500).astype(np.uint16).tofile(data / 'val.bin')
+    # ids 50-59 are only in val: unseen in train
+    (data / 'meta.json').write_text('{"tokenizer": "byte", "vocab_size": 60}')
     root, rng, losses = str(tmp_path / 'grid'), np.random.default_rng(0), {}
     for (scale, budget), (sat, helps) in SAT.items():
         for seed in (1, 2):
@@ -129,6 +113,14 @@ def synthetic(tmp_path):
     return root, losses, entropy
 
 
+def unigram_on_val(data, budget):
+    """The val loss of the budget's token frequencies, add-one smoothed: a loop over the val tokens."""
+    train = np.fromfile(os.path.join(data, 'train.bin'), dtype=np.uint16)[:budget].tolist()
+    val = np.fromfile(os.path.join(data, 'val.bin'), dtype=np.uint16).tolist()
+    counts, vocab = Counter(train), json.load(open(os.path.join(data, 'meta.json')))['vocab_size']
+    return -sum(math.log((counts[t] + 1) / (len(train) + vocab)) for t in val) / len(val)
+
+
 def test_report_numbers_by_hand(synthetic, capsys):
     root, losses, entropy = synthetic
     rep = study.main(['report', root, '--bootstrap=300', '--seed=5'])
@@ -138,46 +130,63 @@ def test_report_numbers_by_hand(synthetic, capsys):
     collapsed = next(r for r in rep['runs'] if r['name'] == '64m_1M_dyt_s3')
     assert collapsed['unigram_entropy'] == pytest.approx(entropy)
     groups = {(g['scale'], g['budget'], g['variant']): g for g in rep['groups']}
+    data = os.path.join(os.path.dirname(root), 'data')
     for scale, budget in SAT:
         ln, ln_best, dyt, dyt_best = (np.array([losses[scale, budget, s][k] for s in (1, 2)])
                                       for k in range(4))
         g, b = groups[scale, budget, 'dyt'], groups[scale, budget, 'ln']
-        # the collapsed, diverged, failed seed 3 left out
+        # the collapsed, diverged, failed seed 3 left out of the means, but counted
         assert (g['n'], b['n'], g['seeds']) == (2, 2, [1, 2])
+        assert (g['collapsed'], g['n_ended']) == ((1, 3) if (scale, budget) == ('64m', '1M') else (0, 2))
         assert (g['final'] == pytest.approx(dyt.mean())
-                and g['final_std'] == pytest.approx(abs(dyt[0] - dyt[1]) / 2 ** 0.5))
+                and g['final_std'] == pytest.approx(abs(dyt[0] - dyt[1]) / 2 ** 0.5))  # sample std
         assert b['best'] == pytest.approx(ln_best.mean())
-        assert g['change_final'] == pytest.approx(100 * (dyt.mean() - ln.mean()) / ln.mean())
-        assert g['change_best'] == pytest.approx(100 * (dyt_best.mean() - ln_best.mean())
-                                                 / ln_best.mean())
-        assert g['seed_change_final'] == pytest.approx(list(100 * (dyt - ln) / ln))
+        # the change over the seeds both have (1 and 2), in nats with the paired-t interval, and in %
+        for key, ours, theirs in (('final', dyt, ln), ('best', dyt_best, ln_best)):
+            e, d = g[f'effect_{key}'], ours - theirs
+            half = T975[1] * abs(d[0] - d[1]) / 2 ** 0.5 / 2 ** 0.5
+            assert e['seeds'] == [1, 2] and e['mean_diff'] == pytest.approx(d.mean())
+            assert e['ci'] == pytest.approx([d.mean() - half, d.mean() + half])
+            assert g[f'change_{key}'] == pytest.approx(100 * d.mean() / theirs.mean())
+            assert e['pct_ci'] == pytest.approx([100 * (d.mean() - half) / theirs.mean(),
+                                                 100 * (d.mean() + half) / theirs.mean()])
+            assert e['lower'] == sum(d < 0) and 'holm' not in e  # no p-value family from 2 seeds
         d = dyt - ln
         t = d.mean() / (abs(d[0] - d[1]) / 2 ** 0.5 / 2 ** 0.5)
-        assert (g['paired_final']['t'] == pytest.approx(t)
-                and g['paired_final']['p'] == pytest.approx(t_pvalue(t, 1)))
+        assert g['effect_final']['p'] == pytest.approx(t_pvalue(t, 1))
         assert (g['sat'] == pytest.approx(SAT[scale, budget][0])
                 and g['screen_sat'] == pytest.approx(0.9 * g['sat']))
-    rule = rep['rule']['final_sat/final']
-    assert (rule['n'], rule['accuracy'], rule['balanced_accuracy'], rule['auc'], rule['loso']) == (
-        4, 0.75, 0.75, 0.75, 0.5)
-    # the bootstrap, by hand: resample the 4 items with default_rng(seed), one integers(0, 4, 4) per
-    # resample; the items in the report's order
-    items = [(g['scale'], *SAT[g['scale'], g['budget']]) for g in rep['groups'] if g['variant'] == 'dyt']
-    rng, acc, aucs = np.random.default_rng(5), [], []
+        # tokens per parameter: the 3000-token file is the whole budget, and the runs saw 6400 tokens
+        assert g['tokens_per_param'] == pytest.approx(3000 / 1000)
+        assert g['val_unigram'] == pytest.approx(unigram_on_val(data, None))
+    rule = {(r['norm'], r['analysis'], r['outcome'], r['predictor']): r for r in rep['rule']}
+    pp = rule['dyt', 'per protocol', 'final', 'saturation (end)']
+    assert (pp['n'], pp['correct'], pp['accuracy'], pp['balanced_accuracy'], pp['auc'], pp['loso']) == (
+        4, 3, 0.75, 0.75, 0.75, 0.5)
+    assert pp['accuracy_ci'] == pytest.approx(stats.clopper_pearson(3, 4))
+    # intention to treat: 64m/1M's collapsed seed counts, the cell "hurts", and its saturation is the
+    # mean over its 3 runs, (0.61 + 0.59 + 0.99) / 3 = 0.73 > 0.43: a miss. 2 of 4 right.
+    itt = rule['dyt', 'intention to treat', 'final', 'saturation (end)']
+    assert (itt['n'], itt['correct']) == (4, 2)
+    # the bootstrap resamples scales, by hand: default_rng(seed), one integers(0, 2, 2) per resample over
+    # the sorted scales ['124m', '64m'], every cell of a drawn scale in
+    right = {'64m': 2, '124m': 1}  # cells the rule gets right per scale (per protocol), of 2
+    rng, acc = np.random.default_rng(5), []
     for _ in range(300):
-        sample = [items[i] for i in rng.integers(0, 4, 4)]
-        acc.append(sum((sat > 0.43) == helps for _, sat, helps in sample) / 4)
-        pos = [sat for _, sat, h in sample if h]
-        neg = [sat for _, sat, h in sample if not h]
-        if pos and neg:
-            aucs.append(sum((p > n) + 0.5 * (p == n) for p in pos for n in neg) / (len(pos) * len(neg)))
-    assert rule['accuracy_ci'] == pytest.approx(list(np.percentile(acc, [2.5, 97.5])))
-    assert rule['auc_ci'] == pytest.approx(list(np.percentile(aucs, [2.5, 97.5])))
+        drawn = [['124m', '64m'][i] for i in rng.integers(0, 2, 2)]
+        acc.append(sum(right[s] for s in drawn) / 4)
+    assert pp['intervals']['accuracy'] == pytest.approx(list(np.percentile(acc, [2.5, 97.5])))
     # step-50 saturation is 0.9x the final: 0.36 no longer clears 0.43 at 64m/all (right), 0.54 still
     # does at 64m/1M
-    assert rep['rule']['screen_sat/final']['accuracy'] == 0.75
-    link = rep['screen_vs_final']
-    assert link['n'] == 8 and link['pearson'] == pytest.approx(1.0) and link['same_side'] == 1.0
+    assert rule['dyt', 'per protocol', 'final', 'saturation (step 50)']['accuracy'] == 0.75
+    # the tokens-per-parameter baseline: every cell saw 3.0 tokens per parameter, so it cannot separate
+    # them: the best it can do is "never helps", right on the 2 cells that hurt
+    assert rule['dyt', 'per protocol', 'final', 'tokens/param (fitted)']['correct'] == 2
+    link = rep['screen_vs_final']  # the collapsed run counts: 9 runs
+    assert link['n'] == 9 and link['pearson'] == pytest.approx(1.0) and link['same_side'] == 1.0
+    # the sign flip on 2 seeds: the smallest budget helps and the largest hurts in both, on both scales
+    flips = {(f['scale'], f['variant']): f for f in rep['sign_flips']}
+    assert flips['64m', 'dyt']['flipped'] == 2 and flips['124m', 'dyt']['seeds'] == 2
     # the study's figures beside ours, with the difference
     pub = {(p['figure'], p['scale'], p['budget'], p['variant']): p for p in rep['published']}
     p = pub['val_loss', '64m', '1M', 'dyt']
@@ -186,11 +195,117 @@ def test_report_numbers_by_hand(synthetic, capsys):
     assert pub['change_%', '124m', 'all', 'dyt']['published'] == 12.8
     md = open(os.path.join(root, 'report.md')).read()
     assert ('64m_1M_dyt_s3: **collapsed**' in md and 'non-finite loss at iter 7' in md
-            and '124m_all_dyt_s3: **failed**' in md)
+            and '124m_all_dyt_s3: **failed**' in md and '| 2 / 1 / 0 / 0 |' in md)
     assert os.path.exists(os.path.join(root, 'report.json'))
     # plots need the optional matplotlib; without it the report is written all the same
     assert (os.path.exists(os.path.join(root, 'signflip.png'))
             == bool(importlib.util.find_spec('matplotlib')))
+
+
+def test_collapse_counted_tokens_seen_and_saturated_layers(tmp_path):
+    """Near-unigram runs flagged and averaged; tokens per parameter capped by what a run saw; a cell
+    whose DyT seeds all collapsed is absent per protocol and a miss by intention to treat."""
+    data = tmp_path / 'data'
+    data.mkdir()
+    tokens = np.random.default_rng(1).integers(0, 40, 4000).astype(np.uint16)
+    tokens.tofile(data / 'train.bin')
+    tokens[:300].tofile(data / 'val.bin')
+    (data / 'meta.json').write_text('{"tokenizer": "byte", "vocab_size": 40}')
+    h = -sum(c / 4000 * math.log(c / 4000) for c in Counter(tokens.tolist()).values())
+    root, d = str(tmp_path / 'grid'), str(data)
+    full = [0.0, 0.0, 0.0, 0.995, 0.0, 0.0]  # over 99% of |f| > tanh(2): saturated
+    for seed in (1, 2):  # 1M (the whole 4000-token file): LN overfits, DyT collapses in both seeds
+        write_run(root, 'a', 1_000_000, 'ln', seed, 4.0, 3.5, data_dir=d, tokens=1200)
+        write_run(root, 'a', 1_000_000, 'dyt', seed, 3.6, 3.6, 0.8, train_loss=h - 0.05, data_dir=d,
+                  tokens=1200, saturation_layers={'h.0.ln_1': full, 'h.0.ln_2': [0.5] * 6})
+        write_run(root, 'a', None, 'ln', seed, 3.0, 3.0, data_dir=d, tokens=9000,
+                  train_loss=h - (0.3 if seed == 1 else 0.6))  # seed 1: 0.3 nats below: near unigram
+        write_run(root, 'a', None, 'dyt', seed, 3.3, 3.3, 0.2, data_dir=d, tokens=9000,
+                  saturation_layers={'h.0.ln_1': [0.99] * 6})
+    opts = dict(report.OPTIONS, screen_steps=50)
+    rows = {r['name']: r for r in report.collect(root, opts)}
+    assert rows['a_all_ln_s1']['near_unigram'] and rows['a_all_ln_s1']['status'] == 'finished'
+    assert not rows['a_all_ln_s2']['near_unigram'] and rows['a_1M_dyt_s1']['status'] == 'collapsed'
+    assert rows['a_1M_ln_s1']['tokens_per_param'] == pytest.approx(1200 / 1000)  # saw 1200 of 4000
+    assert rows['a_all_ln_s1']['tokens_per_param'] == pytest.approx(4000 / 1000)  # 9000 = 2.25 epochs
+    assert rows['a_1M_dyt_s1']['layers_saturated'] == 1 and rows['a_all_dyt_s1']['layers_saturated'] == 0
+    groups = report.summarize(list(rows.values()))
+    cells = {(g['budget'], g['variant']): g for g in groups}
+    assert cells['1M', 'dyt']['collapse_rate'] == 1.0 and cells['1M', 'dyt']['n'] == 0
+    assert cells['all', 'ln']['near_unigram'] == 1 and cells['all', 'ln']['final'] == 3.0
+    items = report.rule_items(groups, 'dyt')
+    assert [i[0] for i in items['per protocol', 'final']] == ['a']  # the collapsed cell disappears
+    # by intention to treat it is there: saturation 0.8 predicts "helps", the cell counts as "hurts"
+    itt = items['intention to treat', 'final']
+    assert [(i[0], i[4]) for i in itt] == [('a', False), ('a', False)]
+    assert [i[1] for i in itt] == pytest.approx([0.8, 0.2])
+    assert [i[3] for i in itt] == pytest.approx([1.2, 4.0])
+    scored = report.score_rule(items['intention to treat', 'final'], dict(opts, bootstrap=10))
+    sat = next(r for r in scored if r['predictor'] == 'saturation (end)')
+    assert (sat['n'], sat['correct']) == (2, 1)
+
+
+def test_effects_intervals_holm_and_the_sign_flip_by_hand(tmp_path):
+    """Three seeds: the paired-t interval at 2 degrees of freedom, Holm over the table's comparisons and
+    the intersection-union test of the sign flip, against closed forms."""
+    root = str(tmp_path / 'grid')
+    ln = {'1M': [5.0, 5.2, 4.9], 'all': [3.0, 3.1, 2.95]}
+    dyt = {'1M': [4.6, 4.9, 4.7], 'all': [3.1, 3.15, 3.1]}
+    for budget, n in (('1M', 1_000_000), ('all', None)):
+        for k, seed in enumerate((1, 2, 3)):
+            write_run(root, 's', n, 'ln', seed, ln[budget][k], ln[budget][k])
+            write_run(root, 's', n, 'dyt', seed, dyt[budget][k], dyt[budget][k], 0.3)
+    rep = study.main(['report', root, '--analysis=False', '--bootstrap=10'])
+    groups = {g['budget']: g for g in rep['groups'] if g['variant'] == 'dyt'}
+    p, one_sided = {}, {}
+    for budget in ('1M', 'all'):
+        d = np.array(dyt[budget]) - np.array(ln[budget])
+        m, sd = d.mean(), math.sqrt(sum((x - d.mean()) ** 2 for x in d) / 2)
+        t = m / (sd / math.sqrt(3))
+        e = groups[budget]['effect_final']
+        half = T975[2] * sd / math.sqrt(3)
+        assert e['ci'] == pytest.approx([m - half, m + half])
+        p[budget] = t_pvalue(t, 2)
+        cdf = 0.5 + t / (2 * math.sqrt(2 + t * t))  # Student's t CDF at 2 degrees of freedom
+        one_sided[budget] = cdf if budget == '1M' else 1 - cdf  # lower at 1M, higher on all
+        assert e['p'] == pytest.approx(p[budget])
+    # Holm, two comparisons: the smaller p times 2, the larger times 1 but not below the first
+    lo, hi = sorted(p, key=p.get)
+    assert groups[lo]['effect_final']['holm'] == pytest.approx(min(1, 2 * p[lo]))
+    assert groups[hi]['effect_final']['holm'] == pytest.approx(max(min(1, 2 * p[lo]), p[hi]))
+    flip = rep['sign_flips'][0]
+    assert (flip['small'], flip['large'], flip['flipped'], flip['seeds']) == ('1M', 'all', 3, 3)
+    assert flip['p'] == pytest.approx(max(one_sided.values()))
+    md = open(os.path.join(root, 'report.md')).read()
+    assert f"{p[lo]:.3f} ({min(1, 2 * p[lo]):.3f})" in md
+
+
+PAPER = [('64m', '1M', 0.0156, 0.493, -27.3), ('64m', '10M', 0.156, 0.413, 5.9),
+         ('64m', '50M', 0.781, 0.237, 19.7),
+         ('64m', 'all', 1.84, 0.234, 18.8), ('124m', '1M', 0.0081, 0.466, -9.6),
+         ('124m', '10M', 0.081, 0.292, -12.3), ('124m', 'all', 0.952, 0.193, 12.8),
+         ('354m', '1M', 0.0028, 0.490, 4.3), ('354m', '10M', 0.028, 0.369, -24.1),
+         ('354m', 'all', 0.333, 0.327, 13.4), ('1.3b', '1M', 0.0008, 0.393, 2.1),
+         ('1.3b', 'all', 0.090, 0.238, 10.4)]
+PAPER_OTHER = {('354m', '1M'): 0.500, ('354m', 'all'): 0.565}  # saturations in crossover_predictor.json
+
+
+def test_published_cells_reproduce_the_rule_and_its_baseline(capsys):
+    assert [tuple(c) for c in report.PAPER_CELLS] == PAPER  # the table typed in twice, checked once
+    res = study.main(['report', '--published', '--bootstrap=200'])
+    rows = {r['predictor']: r for r in res['predictor_validation.json']}
+    sat, tp = rows['saturation (end)'], rows['tokens/param (stated)']
+    assert (sat['correct'], sat['n'], sat['auc']) == (9, 12, 0.75)  # the study's 75% / AUC 0.75
+    assert (tp['correct'], tp['auc']) == (10, 0.75)  # T/P <= 0.081 -> helps: 10 of 12, AUC 0.75
+    assert rows['tokens/param (fitted)']['correct'] == 10
+    assert -0.090 < rows['tokens/param (fitted)']['threshold'] < -0.081
+    # the other artifact: 124m/10M hurts (+6.1%), 354m/1M and 354m/all more saturated
+    other = {r['predictor']: r for r in res['crossover_predictor.json']}
+    assert other['saturation (end)']['correct'] == 9  # 124m/10M now right, 354m/all (0.565) now wrong
+    # and its refitted threshold 0.467 is right on 67%: 8 of 12
+    items = [(c[0], PAPER_OTHER.get(c[:2], c[3]), c[4] < 0 and c[:2] != ('124m', '10M')) for c in PAPER]
+    assert stats.rule_stats(items, 0.467)['correct'] == 8
+    assert '9 of 12 = 75%' in capsys.readouterr().out
 
 
 # -------------------------------------------------------------------------- the runner on tiny real runs
@@ -300,12 +415,16 @@ def test_the_repositorys_grids(monkeypatch):
            for c in cells}
     assert lrs == {'124m': 3e-4, '354m': 3e-4, '1.3b': 1e-4, '3.78b': 1e-4}
     grid, cells = study.load_grid('config/grid_64m_derf.py')  # Derf beside the 64m row, in its folder
-    assert len(cells) == 4 * 3 and grid['out_dir'] == 'out/grid_64m'
-    for cell in cells:
+    assert len(cells) == 4 * 3 * 2 and grid['out_dir'] == 'out/grid_64m'
+    assert Counter(c['variant'] for c in cells) == {'derf': 12, 'derf_ref': 12}
+    for cell in cells:  # matched to the study's DyT, or the Derf paper's recipe
         cfg = configure(train.DEFAULTS, cell['args'], train.OPTIONAL_TYPES)
-        assert (cfg['n_embd'], cfg['max_iters'], cfg['norm'], cfg['dyt_alpha'], cfg['attn']) == (
-            512, 5000, 'derf', 2.0, 'standard')
-    assert report.baseline('derf') == 'ln'
+        assert (cfg['n_embd'], cfg['max_iters'], cfg['norm'], cfg['attn']) == (
+            512, 5000, 'derf', 'standard')
+        ref = cell['variant'] == 'derf_ref'
+        assert (cfg['dyt_alpha'], cfg['embed_scale']) == ((0.5, True) if ref else (2.0, False))
+        assert ('--embed_scale=True' in cell['args'] and '--dyt_alpha=0.5' in cell['args']) == ref
+    assert report.baseline('derf') == report.baseline('derf_ref') == 'ln'
     grid, cells = study.load_grid('config/grid_mini.py')
     assert (len(grid['budgets']) >= 3 and {'ln', 'dyt'} <= set(grid['variants'])
             and len(grid['seeds']) >= 2)
@@ -320,8 +439,14 @@ def test_screen_end_to_end(tmp_path, data_dir, capsys, monkeypatch):
     args = ['tiny_dyt.py', '--train_tokens=5000']
     reports = tmp_path / 'r' / 'report.json'
     reports.parent.mkdir()
-    reports.write_text(json.dumps({'rule': {'screen_sat/final': dict(
-        accuracy=0.8, accuracy_ci=[0.5, 1.0], n=10, auc=0.7, screen_steps=500)}}))
+    rows = [dict(norm=norm, analysis=analysis, outcome='final', predictor=predictor, correct=correct,
+                 accuracy=correct / 10, accuracy_ci=[0.5, 1.0], n=10, auc=0.7, screen_steps=500)
+            for norm, analysis, predictor, correct in (  # only the first is the screen's row for DyT
+                ('dyt', 'intention to treat', 'saturation (step 500)', 8),
+                ('dyt', 'per protocol', 'saturation (step 500)', 9),
+                ('derf', 'intention to treat', 'saturation (step 500)', 7),
+                ('dyt', 'intention to treat', 'saturation (end)', 6))]
+    reports.write_text(json.dumps({'rule': rows}))
     res = study.main(['screen', *args, '--screen_steps=6', '--compare=True',
                       f'--screen_dir={tmp_path / "s"}', f'--reports={tmp_path}/*/report.json'])
     out = capsys.readouterr().out
@@ -332,7 +457,7 @@ def test_screen_end_to_end(tmp_path, data_dir, capsys, monkeypatch):
             and 0 <= res['saturation'] <= 1)
     assert res['early_gap_%'] == pytest.approx(100 * (dyt['val_loss'] - ln['val_loss']) / ln['val_loss'])
     assert json.load(open(tmp_path / 's' / 'screen.json'))['saturation'] == res['saturation']
-    assert 'DyT expected to' in out and '75% in-sample' in out and 'right on 80% of 10 cells' in out
+    assert 'DyT expected to' in out and '75% in-sample' in out and 'right on 8 of 10 DyT cells' in out
     # reruns reuse the finished screening runs; the threshold decides the prediction
     stamp = os.path.getmtime(tmp_path / 's' / 'dyt' / 'summary.json')
     for threshold, prediction, words in ((-0.01, 'help', 'DyT expected to HELP'),
@@ -344,10 +469,55 @@ def test_screen_end_to_end(tmp_path, data_dir, capsys, monkeypatch):
     # other settings in the same folder are refused, not silently reused
     with pytest.raises(SystemExit, match='holds a screening run with other settings'):
         study.main(['screen', *args, '--screen_steps=4', f'--screen_dir={tmp_path / "s"}'])
-    with pytest.raises(SystemExit,
-                       match="the screen trains a DyT configuration; this one has norm='layernorm'"):
+    with pytest.raises(SystemExit, match="the screen trains a DyT or Derf configuration; this one has "
+                                         "norm='layernorm'"):
         study.main(['screen', *args, '--norm=layernorm'])
     assert not os.path.exists(tmp_path / 'out_screen')  # refused before anything ran
+
+
+def test_screen_of_a_derf_run(tmp_path, data_dir, capsys, monkeypatch):
+    """A Derf configuration is screened as a DyT one, with Derf's saturation: the fraction of
+    |erf(alpha x + s)| > tanh(2) (as near erf's bound as DyT's |alpha x| > 2 is to tanh's), recomputed
+    here from the run's checkpoint on train.py's train eval windows."""
+    (tmp_path / 'tiny_derf.py').write_text(''.join(f'{k} = {v!r}\n' for k, v in TINY.items())
+                                           + f"dataset = 'tiny'\ndata_dir = {data_dir!r}\n"
+                                           "norm = 'derf'\ndyt_alpha = 2.0\n")
+    monkeypatch.chdir(tmp_path)
+    res = study.main(['screen', 'tiny_derf.py', '--train_tokens=5000', '--screen_steps=6'])
+    out = capsys.readouterr().out
+    root = tmp_path / 'out_screen' / 'tiny_derf_5K_s1337'
+    assert json.load(open(root / 'screen.json')) == json.loads(json.dumps(res)) and 'dyt' not in res
+    ev = read_log(root / 'derf' / 'log.jsonl', lambda r: r['event'] == 'eval')[-1]
+    assert ev['iter'] == 6 and res['derf']['iter'] == 6
+    assert {v['kind'] for v in ev['norm_layers'].values()} == {'derf'}
+    per_layer = [v['saturation'][3] for v in ev['norm_layers'].values()]
+    assert res['saturation'] == ev['saturation'][3] == pytest.approx(sum(per_layer) / len(per_layer))
+    assert ('Derf after 6 steps: saturation' in out and 'Derf expected to' in out
+            and 'fraction of |erf(alpha x + s)| > tanh(2) over every Derf layer' in out
+            and 'untested on Derf' in out and 'DyT after' not in out)
+    # the same fractions from the checkpoint: its norm layers' inputs on the 8 (eval_iters x batch_size)
+    # windows train.py evaluates on, erf taken here
+    model, _ = load_checkpoint(root / 'derf' / 'ckpt.pt')
+    tokens = torch.from_numpy(np.fromfile(os.path.join(data_dir, 'train.bin'), dtype=np.uint16)[:5000]
+                              .astype(np.int64))
+    x = torch.stack([tokens[s:s + 16] for s in random_windows(5000, 8, 17, train.EVAL_SEED)])
+    inputs = {}
+    names = list(ev['norm_layers'])
+    hooks = [model.get_submodule(n).register_forward_pre_hook(
+        lambda m, a, n=n: inputs.setdefault(n, []).append(a[0])) for n in names]
+    with torch.no_grad():
+        for first in (0, 4):  # train.py's micro-batches of batch_size 4
+            model(x[first:first + 4])
+    for h in hooks:
+        h.remove()
+    new, old = [], []
+    for n in names:
+        layer = model.get_submodule(n)
+        u = torch.cat([(layer.alpha * a + layer.shift).flatten() for a in inputs[n]]).detach()
+        new.append((torch.erf(u.double()).abs() > math.tanh(2.0)).double().mean().item())
+        old.append((u.abs() > 2.0).double().mean().item())  # the rule before: erf's argument above 2
+    assert per_layer == pytest.approx(new, abs=1e-9)
+    assert res['saturation'] == pytest.approx(sum(new) / len(new)) and sum(old) < sum(new)  # not the old
 
 
 
