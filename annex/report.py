@@ -288,7 +288,9 @@ def score_rule(items, opts, screen_steps=None):
         if not scored:
             continue
         res = rule_stats(scored, threshold)
-        res['intervals'] = bootstrap_rule(scored, opts['bootstrap'], opts['seed'], threshold)
+        one_scale = len({i[0] for i in scored}) < 2  # resampling one scale gives the same cells
+        res['intervals'] = {} if one_scale else bootstrap_rule(scored, opts['bootstrap'], opts['seed'],
+                                                               threshold)
         out.append(dict(res, predictor=predictor))
     return out
 
@@ -486,20 +488,24 @@ def plots(report_dir, groups, opts):
         save_png(fig, os.path.join(report_dir, name))
         names.append(name)
 
+    arms = dict.fromkeys((g['scale'], g['variant']) for g in groups)
+    colors = {k: f'C{i % 10}' for i, k in enumerate(arms)}  # an arm has one color in every panel
+
     def lines(cells):  # one line per (scale, variant), along tokens per parameter
         for scale, variant in dict.fromkeys((g['scale'], g['variant']) for g in cells):
-            yield f'{scale} {variant}', sorted((g for g in cells if (g['scale'], g['variant']) ==
-                                                (scale, variant)), key=lambda g: g['tokens_per_param'])
+            yield (f'{scale} {variant}', colors[scale, variant],
+                   sorted((g for g in cells if (g['scale'], g['variant']) == (scale, variant)),
+                          key=lambda g: g['tokens_per_param']))
     compared = [g for g in groups if g.get('change_final') is not None and g['tokens_per_param']]
     if compared:  # token budgets (a ViT grid has none)
         fig, axes = plt.subplots(1, 3, figsize=(16, 4))
         for ax, key in zip(axes, ('final', 'best')):
-            for name, line in lines([g for g in compared if g[f'effect_{key}']]):
+            for name, color, line in lines([g for g in compared if g[f'effect_{key}']]):
                 x = [g['tokens_per_param'] for g in line]
                 y = [g[f'change_{key}'] for g in line]
                 err = np.array([[y0 - (ci or [y0, y0])[0], (ci or [y0, y0])[1] - y0] for y0, ci in
                                 zip(y, (g[f'effect_{key}']['pct_ci'] for g in line))]).T
-                ax.errorbar(x, y, yerr=err, fmt='o-', capsize=3, label=name)
+                ax.errorbar(x, y, yerr=err, fmt='o-', capsize=3, label=name, color=color)
                 for g in line:
                     ax.annotate(g['budget'], (g['tokens_per_param'], g[f'change_{key}']), fontsize=7,
                                 xytext=(3, 3), textcoords='offset points')
@@ -510,9 +516,10 @@ def plots(report_dir, groups, opts):
                      [PUBLISHED['change_%']['64m', b, 'dyt'] for b in BUDGETS], 'k--', alpha=0.4,
                      label='Verma 2026, 64m dyt (published)')  # its final step
         axes[0].legend(fontsize=8)
-        for name, line in lines([g for g in groups if g['final'] is not None and g['tokens_per_param']]):
+        for name, color, line in lines([g for g in groups
+                                        if g['final'] is not None and g['tokens_per_param']]):
             axes[2].plot([g['tokens_per_param'] for g in line], [g['final'] for g in line], 'o-',
-                         label=name)
+                         label=name, color=color)
         ref = sorted({(g['tokens_per_param'], g['val_unigram']) for g in groups
                       if g['val_unigram'] and g['tokens_per_param'] and g['variant'] == 'ln'})
         if ref:

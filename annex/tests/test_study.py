@@ -255,8 +255,12 @@ def test_effects_intervals_holm_and_the_sign_flip_by_hand(tmp_path):
         for k, seed in enumerate((1, 2, 3)):
             write_run(root, 's', n, 'ln', seed, ln[budget][k], ln[budget][k])
             write_run(root, 's', n, 'dyt', seed, dyt[budget][k], dyt[budget][k], 0.3)
+    write_run(root, 's', 1_000_000, 'dyt', 4, 9.0, 9.0, 0.3)  # a seed LayerNorm lacks: in no change
     rep = study.main(['report', root, '--analysis=False', '--bootstrap=10'])
     groups = {g['budget']: g for g in rep['groups'] if g['variant'] == 'dyt'}
+    assert groups['1M']['n'] == 4 and groups['1M']['effect_final']['seeds'] == [1, 2, 3]
+    assert groups['1M']['change_final'] == pytest.approx(
+        100 * (np.mean(dyt['1M']) - np.mean(ln['1M'])) / np.mean(ln['1M']))
     p, one_sided = {}, {}
     for budget in ('1M', 'all'):
         d = np.array(dyt[budget]) - np.array(ln[budget])
