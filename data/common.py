@@ -1,7 +1,7 @@
 """
-The data as every script reads it: two tokenizers, token files (data/<dataset>/{train,val,test}.bin, uint16,
-+ meta.json), the windows train.py trains on, files written atomically. The prepare scripts' own tools are in
-data/prepare_tools.py.
+The data as every script reads it: two tokenizers, token files (data/<dataset>/{train,val,test}.bin, uint16
+or uint32, + meta.json), the windows train.py trains on, files written atomically. The prepare scripts' own
+tools are in data/prepare_tools.py.
 """
 import hashlib
 import json
@@ -60,8 +60,11 @@ def get_tokenizer(name, tiktoken_file=None):
 
 # ----------------------------------------------------------------------------- token files and meta.json
 
-FOLDER_FORMAT = ("a data folder holds train.bin and val.bin (token ids as raw uint16) and meta.json "
-                 '{"tokenizer": "byte" or "gpt2", "vocab_size": int} (docs/data.md)')
+FOLDER_FORMAT = ("a data folder holds train.bin and val.bin (token ids as raw uint16, or uint32 with "
+                 '"dtype": "uint32") and meta.json {"tokenizer": "byte" or "gpt2", "vocab_size": int}, '
+                 'optionally "dtype" and the counts "train_tokens", "val_tokens" (docs/data.md)')
+TOKEN_DTYPES = ("uint16", "uint32")  # meta.json's "dtype", uint16 when absent
+WRITTEN_AS = {1: "uint8", 2: "uint16", 4: "uint32", 8: "int64 (numpy's default)"}  # by bytes per id
 
 
 def how_to_prepare(dataset, data_dir):  # for a data folder that is missing or incomplete
@@ -81,11 +84,33 @@ def load_split(dataset, split, data_dir=None):
                         f"If a file was deleted, rebuild with: python data/{dataset}/prepare.py --force=True")
     if os.path.getsize(path) == 0:
         raise DataError(f"{path} is empty; rebuild with: python data/{dataset}/prepare.py --force=True")
-    return np.memmap(path, dtype=np.uint16, mode="r")
+    meta = load_meta(dataset, data_dir)
+    dtype, count = np.dtype(meta.get("dtype", "uint16")), meta.get(f"{split}_tokens")
+    if count is not None and (type(count) is not int or count < 1):
+        raise DataError(f"{folder}/meta.json: '{split}_tokens' must be the number of tokens in {split}.bin "
+                        f"(a positive int), got {count!r}; " + FOLDER_FORMAT)
+    problem = size_problem(os.path.getsize(path), dtype, count, split)
+    if problem:
+        raise DataError(f"{path} {problem}")
+    return np.memmap(path, dtype=dtype, mode="r")
+
+
+def size_problem(size, dtype, count, split):
+    """What is wrong with a token file of `size` bytes of `dtype` ids that meta.json counts `count` (None: not
+    recorded); None when nothing is. A wrong dtype would otherwise read garbage silently."""
+    n = size / dtype.itemsize
+    if n == int(n) and count in (None, n):
+        return None
+    if count is None:
+        return f"has {size:,} bytes, not a whole number of {dtype} ids: truncated, or not {dtype}?"
+    fits = WRITTEN_AS.get(size / count)  # the id type whose size matches the count
+    return (f"holds {n:g} {dtype} ids but meta.json says {split}_tokens={count:,}: "
+            + (f"written as {fits}? meta.json's \"dtype\" must say how the ids are stored: uint16 or uint32"
+               if fits else "truncated, or meta.json's count is another file's? Write both again"))
 
 
 def load_meta(dataset, data_dir=None):
-    """meta.json of a dataset, with its kind: "tokens" (tokenizer and vocab_size checked) or "images"."""
+    """meta.json of a dataset, with its kind: "tokens" (tokenizer, vocab_size, dtype checked) or "images"."""
     path = os.path.join(data_dir or os.path.join(DATA_DIR, dataset), "meta.json")
     if not os.path.exists(path):
         raise DataError(f"{path} not found. " + how_to_prepare(dataset, data_dir))
@@ -106,6 +131,9 @@ def load_meta(dataset, data_dir=None):
     if type(meta.get("vocab_size")) is not int or meta["vocab_size"] < 1:
         raise DataError(f"{path}: 'vocab_size' must be a positive int, got {meta.get('vocab_size')!r}; "
                         + FOLDER_FORMAT)
+    if meta.get("dtype", "uint16") not in TOKEN_DTYPES:
+        raise DataError(f"{path}: 'dtype' must be \"uint16\" or \"uint32\" (the token files' id type), got "
+                        f"{meta['dtype']!r}; " + FOLDER_FORMAT)
     return meta
 
 
@@ -126,6 +154,11 @@ def token_counts(tokens, minlength=0, chunk=1 << 24):
         counts = np.pad(counts, (0, max(len(c) - len(counts), 0)))
         counts[:len(c)] += c
     return counts
+
+
+def max_id(tokens, chunk=1 << 24):
+    """The largest token id, read in chunks: a 118M-token split needs no big copy."""
+    return max(int(tokens[k:k + chunk].max()) for k in range(0, len(tokens), chunk))
 
 
 def entropy_of(counts):
@@ -210,6 +243,12 @@ def open_data(cfg, env, eval_seed):
         if len(val) <= cfg.block_size:
             raise DataError(f'the val split ({len(val):,} tokens, val_tokens={cfg.val_tokens}) is shorter '
                             f'than block_size+1 ({cfg.block_size + 1})')
+        train = train[:n_train]
+        for split, tokens in (('train', train), ('val', val)):  # once: ids past the vocabulary are garbage
+            if (top := max_id(tokens)) >= meta['vocab_size']:
+                raise DataError(f"the {split} split (as trained on) holds token id {top:,}, but meta.json's "
+                                f"vocab_size is {meta['vocab_size']:,}: ids must be below it. Fix "
+                                'vocab_size, or the token files (another tokenizer? the wrong "dtype"?)')
     except DataError as e:
         raise SystemExit(f'error: {e}') from None
     if cfg.vocab_size is None:
@@ -217,7 +256,7 @@ def open_data(cfg, env, eval_seed):
     elif cfg.vocab_size < meta['vocab_size']:
         raise SystemExit(f"error: vocab_size={cfg.vocab_size} is smaller than the dataset's vocabulary "
                          f"({meta['vocab_size']} in meta.json); use vocab_size=None (padded automatically)")
-    return meta, TokenData(train[:n_train], val, cfg.block_size, eval_count, eval_seed)
+    return meta, TokenData(train, val, cfg.block_size, eval_count, eval_seed)
 
 # ----------------------------------------------------------------------------- files of a run
 

@@ -223,7 +223,7 @@ def _cut_ok(prev, line):
 
 def tokenize_to_file(tok, chunks, path, num_threads=None, batch=16):
     """Encode text `chunks` (an iterable of str) with `tok`, `batch` chunks at a time on `num_threads`
-    threads, and write the ids to `path` as uint16; returns the number of tokens. Prints MB/s."""
+    threads, and write the ids to `path` (write_tokens); returns the number of tokens. Prints MB/s."""
     t0, nbytes = time.time(), 0
 
     def arrays():
@@ -241,26 +241,38 @@ def tokenize_to_file(tok, chunks, path, num_threads=None, batch=16):
                              f"{rate:.1f} MB/s ")
         sys.stderr.write("\n")
 
-    n = write_tokens(path, arrays())
+    n = write_tokens(path, arrays(), tok.n_vocab)
     dt = time.time() - t0
     print(f"{path}: {n:,} tokens from {nbytes:,} bytes of text in {dt:.1f} s "
           f"({nbytes / 1e6 / (dt + 1e-9):.1f} MB/s)")
     return n
 
 
-def write_tokens(path, arrays):
-    """Write token ids (an iterable of int sequences, concatenated) to `path` as flat uint16, atomically;
-    returns the number of tokens."""
-    n = 0
+def token_dtype(vocab_size):
+    """The id type of a vocabulary's token files (meta.json's "dtype"): uint16 up to 65,536 ids."""
+    return "uint16" if vocab_size <= 2 ** 16 else "uint32"
+
+
+def token_meta(tok):
+    """meta.json's fields that describe `tok`'s token files (a prepare adds each split's count)."""
+    return {"tokenizer": tok.name, "vocab_size": tok.n_vocab, "eot": tok.eot,
+            "dtype": token_dtype(tok.n_vocab)}
+
+
+def write_tokens(path, arrays, vocab_size):
+    """Write token ids (an iterable of int sequences, concatenated), each below vocab_size, to `path` as
+    flat token_dtype(vocab_size), atomically; returns the number of tokens."""
+    n, dtype = 0, token_dtype(vocab_size)
 
     def write(f):
         nonlocal n
         for a in arrays:
             a = np.asarray(a, dtype=np.int64)
-            if a.size and (a.min() < 0 or a.max() >= 2 ** 16):
-                raise DataError(f"token id {a.max() if a.max() >= 2 ** 16 else a.min()} does not fit in "
-                                f"uint16 ({path}); this format needs a vocabulary below 65536")
-            a.astype(np.uint16).tofile(f)
+            if a.size and (a.min() < 0 or a.max() >= vocab_size):
+                bad = a.max() if a.max() >= vocab_size else a.min()
+                raise DataError(f"token id {bad} is outside the vocabulary (0..{vocab_size - 1}) of "
+                                f"{path}; pass the tokenizer's whole vocab_size")
+            a.astype(dtype).tofile(f)
             n += a.size
     atomic_write(path, write)
     return n

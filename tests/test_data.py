@@ -11,15 +11,17 @@ import subprocess
 import sys
 import tarfile
 import threading
+import types
 import zipfile
 
 import numpy as np
 import pytest
+import torch
 
 from tests.common import GPT2_RANKS as RANKS  # a ranks file, or None for tiktoken's own cache
 from tests.common import needs_gpt2 as needs_ranks
-from data.common import DataError, get_tokenizer, load_meta, load_split
-from data.prepare_tools import download, line_chunks, write_tokens
+from data.common import DataError, get_tokenizer, load_meta, load_split, open_data
+from data.prepare_tools import download, line_chunks, token_dtype, write_tokens
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # text where a naive cut at every line would change GPT-2's ids ("\n\n\n", indentation, " \n" lines)
@@ -229,7 +231,7 @@ def test_chunked_encoding_equals_whole_text():
 def test_write_tokens_and_load_split(tmp_path):
     d = tmp_path / "toy"
     d.mkdir()
-    assert write_tokens(str(d / "train.bin"), [[1, 2, 3], np.array([65535, 0])]) == 5
+    assert write_tokens(str(d / "train.bin"), [[1, 2, 3], np.array([65535, 0])], 65536) == 5
     missing = r"not prepared.*meta.json is missing\)\. a data folder holds train.bin"
     with pytest.raises(DataError, match=missing) as e:
         load_split("toy", "train", data_dir=str(d))  # no meta.json yet: not finished; the user's folder
@@ -246,11 +248,104 @@ def test_write_tokens_and_load_split(tmp_path):
                                                  "kind": "tokens"}
     with pytest.raises(DataError, match="no 'test' split"):
         load_split("toy", "test", data_dir=str(d))
-    with pytest.raises(DataError, match="65536"):
-        write_tokens(str(d / "val.bin"), [[1, 65536]])
+    with pytest.raises(DataError, match=r"token id 65536 is outside the vocabulary \(0\.\.65535\)"):
+        write_tokens(str(d / "val.bin"), [[1, 65536]], 65536)
+    with pytest.raises(DataError, match=r"token id -1 is outside"):
+        write_tokens(str(d / "val.bin"), [[-1]], 65536)
     assert sorted(os.listdir(d)) == ["meta.json", "train.bin"]  # nothing half-written
     with pytest.raises(DataError, match=r"python data/nosuchset/prepare\.py"):
         load_split("nosuchset", "train")
+
+
+def own_folder(d, train, val, meta):
+    """A user's data folder: the ids written with numpy as they are given (their own dtype)."""
+    d.mkdir(exist_ok=True)
+    train.tofile(d / "train.bin")
+    val.tofile(d / "val.bin")
+    (d / "meta.json").write_text(json.dumps(meta))
+    return str(d)
+
+
+def data_cfg(d, **kw):
+    """The keys of train.py's config that open_data reads."""
+    return types.SimpleNamespace(**{**dict(dataset="own", data_dir=d, eval_iters=1, batch_size=2,
+                                           train_tokens=None, val_tokens=None, block_size=4,
+                                           vocab_size=None, seed=1), **kw})
+
+
+def test_uint32_round_trip_through_train_data(tmp_path):
+    """A vocabulary over 65,536 ids (Llama-3 sized): written as uint32, read back exactly by load_split
+    and by train.py's data (open_data, TokenData's batches)."""
+    assert (token_dtype(65536), token_dtype(65537)) == ("uint16", "uint32")
+    vocab = 100_256
+    train = [70_000, 100_255, 5, 65_535, 65_536, 99_999, 0, 80_000, 1, 2, 100_000, 3]
+    val = [100_255, 70_000, 65_537, 4, 5, 6]
+    d = tmp_path / "llama"
+    d.mkdir()
+    counts = {f"{s}_tokens": write_tokens(str(d / f"{s}.bin"), [ids[:5], ids[5:]], vocab)
+              for s, ids in (("train", train), ("val", val))}
+    assert counts == {"train_tokens": 12, "val_tokens": 6}
+    assert os.path.getsize(d / "train.bin") == 4 * len(train)  # 4 bytes an id
+    meta = {"tokenizer": "gpt2", "vocab_size": vocab, "dtype": token_dtype(vocab), **counts}
+    (d / "meta.json").write_text(json.dumps(meta))
+    for split, ids in (("train", train), ("val", val)):
+        assert load_split("own", split, data_dir=str(d)).tolist() == ids
+    cfg = data_cfg(str(d), train_tokens=10)
+    _, data = open_data(cfg, None, 0)
+    assert cfg.vocab_size == 100_288  # padded to a multiple of 64
+    x, y = data.batch("train", torch.tensor([0, 5]), "cpu")
+    assert x.tolist() == [train[0:4], train[5:9]] and y.tolist() == [train[1:5], train[6:10]]
+    x, y = data.batch("val", torch.tensor([1]), "cpu")
+    assert x.tolist() == [val[1:5]] and y.tolist() == [val[2:6]]
+    assert data.n_train == 10
+
+
+def test_counts_and_dtype_are_checked(tmp_path):
+    """meta.json's counts against the files: a file written with the wrong dtype is refused, saying which
+    dtype would fit, before it trains on garbage."""
+    ids = np.arange(10, 20)
+    base = {"tokenizer": "byte", "vocab_size": 257}
+
+    def refused(train, meta, match):
+        d = own_folder(tmp_path / "own", train, ids.astype(np.uint16), {**base, **meta})
+        with pytest.raises(DataError, match=match):
+            load_split("own", "train", data_dir=d)
+
+    refused(ids.astype(np.uint16), {"train_tokens": 12}, r"train.bin holds 10 uint16 ids but meta.json "
+            r"says train_tokens=12: truncated, or meta.json's count is another file's\?")
+    refused(ids.astype(np.uint32), {"train_tokens": 10}, r"holds 20 uint16 ids but meta.json says "
+            r"train_tokens=10: written as uint32\? meta.json's \"dtype\" must say")
+    refused(ids, {"train_tokens": 10}, r"holds 40 uint16 ids .*: written as int64 \(numpy's default\)\?")
+    refused(ids.astype(np.uint16), {"train_tokens": 10, "dtype": "uint32"}, r"holds 5 uint32 ids but "
+            r"meta.json says train_tokens=10: written as uint16\?")
+    refused(ids[:3].astype(np.uint16), {"dtype": "uint32"}, r"has 6 bytes, not a whole number of uint32 "
+            r"ids: truncated, or not uint32\?")
+    refused(ids.astype(np.uint16), {"train_tokens": "10"}, r"'train_tokens' must be the number of tokens "
+            r"in train.bin \(a positive int\), got '10'")
+    refused(ids.astype(np.uint16), {"dtype": "int32"}, r"'dtype' must be \"uint16\" or \"uint32\" .*got "
+            "'int32'")
+    d = own_folder(tmp_path / "own", ids.astype(np.uint32), ids.astype(np.uint16),
+                   {**base, "dtype": "uint32", "train_tokens": 10, "val_tokens": 10})
+    with pytest.raises(DataError, match=r"val.bin holds 5 uint32 ids"):  # val and train: one dtype
+        load_split("own", "val", data_dir=d)
+    assert load_split("own", "train", data_dir=d).tolist() == ids.tolist()
+
+
+def test_ids_at_or_above_vocab_size_are_refused(tmp_path):
+    train, val = np.arange(100, dtype=np.uint16), np.arange(20, dtype=np.uint16)
+    d = own_folder(tmp_path / "own", train, val, {"tokenizer": "byte", "vocab_size": 100})
+    _, data = open_data(data_cfg(d), None, 0)  # ids 0..99: all below vocab_size
+    assert data.n_train == 100
+    with pytest.raises(SystemExit, match=r"error: the train split \(as trained on\) holds token id 99, but "
+                                         r"meta.json's vocab_size is 99: ids must be below it"):
+        open_data(data_cfg(own_folder(tmp_path / "own", train, val,
+                                      {"tokenizer": "byte", "vocab_size": 99})), None, 0)
+    _, data = open_data(data_cfg(d, train_tokens=99), None, 0)  # only the budget counts: ids 0..98
+    val[7] = 300
+    with pytest.raises(SystemExit, match=r"the val split .* holds token id 300, but meta.json's vocab_size "
+                                         "is 100"):
+        open_data(data_cfg(own_folder(tmp_path / "own", train[:99], val,
+                                      {"tokenizer": "byte", "vocab_size": 100})), None, 0)
 
 
 # ----------------------------------------------------------------------------- prepare scripts

@@ -15,7 +15,7 @@ import sysconfig
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 from data.common import DataError, get_tokenizer, write_json  # noqa: E402
-from data.prepare_tools import cli, finished, write_tokens  # noqa: E402
+from data.prepare_tools import cli, finished, token_meta, write_tokens  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # third-party packages differ between machines; tests and demos are code-heavy and slow to parse
@@ -77,11 +77,11 @@ def prepare(out_dir=HERE, force=False):
     tok = get_tokenizer("byte")
     docs = documents()
     splits = {"train": [d for i, d in enumerate(docs) if i % 10 != 9], "val": docs[9::10]}
-    meta = {"tokenizer": "byte", "vocab_size": tok.n_vocab, "eot": tok.eot,
-            "source": "docstrings of the Python standard library + pydoc topics",
+    meta = {**token_meta(tok), "source": "docstrings of the Python standard library + pydoc topics",
             "python": platform.python_version(), "documents": len(docs)}
     for split, ds in splits.items():
-        n = write_tokens(os.path.join(out_dir, f"{split}.bin"), (tok.encode(d) + [tok.eot] for d in ds))
+        n = write_tokens(os.path.join(out_dir, f"{split}.bin"), (tok.encode(d) + [tok.eot] for d in ds),
+                         tok.n_vocab)
         meta[f"{split}_tokens"], meta[f"{split}_documents"] = n, len(ds)
         print(f"{split}: {n:,} tokens ({len(ds):,} documents)")
     write_json(os.path.join(out_dir, "meta.json"), meta)

@@ -9,7 +9,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 from data.common import get_tokenizer, write_json  # noqa: E402
-from data.prepare_tools import cli, download, finished, tokenize_to_file  # noqa: E402
+from data.prepare_tools import cli, download, finished, token_meta, tokenize_to_file  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 URLS = ["https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"]
@@ -26,8 +26,7 @@ def prepare(out_dir=HERE, force=False, tiktoken_file=None, urls=URLS, sha256=SHA
     with open(path, encoding="utf-8") as f:
         text = f.read()
     cut = int(len(text) * 0.9)
-    meta = {"tokenizer": "gpt2", "vocab_size": tok.n_vocab, "eot": tok.eot, "source": "input.txt",
-            "source_sha256": sha256}
+    meta = {**token_meta(tok), "source": "input.txt", "source_sha256": sha256}
     for split, part in (("train", text[:cut]), ("val", text[cut:])):
         meta[f"{split}_tokens"] = tokenize_to_file(tok, [part], os.path.join(out_dir, f"{split}.bin"))
     write_json(os.path.join(out_dir, "meta.json"), meta)

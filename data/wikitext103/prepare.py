@@ -13,7 +13,8 @@ import zipfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 from data.common import DataError, get_tokenizer, write_json  # noqa: E402
-from data.prepare_tools import cli, download, finished, line_chunks, tokenize_to_file  # noqa: E402
+from data.prepare_tools import (cli, download, finished, line_chunks, token_meta,  # noqa: E402
+                                tokenize_to_file)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 URLS = ["https://wikitext.smerity.com/wikitext-103-raw-v1.zip"]
@@ -27,10 +28,9 @@ def prepare(out_dir=HERE, force=False, tiktoken_file=None, urls=URLS, sha256=SHA
     """Download, verify and tokenize WikiText-103 into out_dir; returns the meta dict."""
     if (meta := finished(out_dir, force)) is not None:
         return meta
-    tok = get_tokenizer("gpt2", tiktoken_file)  # before the 192 MB download: fail fast when it is missing
+    tok = get_tokenizer("gpt2", tiktoken_file)  # before the 192 MB download: fail fast if it is missing
     zip_path = download(urls, os.path.join(out_dir, "wikitext-103-raw-v1.zip"), sha256=sha256, size=size)
-    meta = {"tokenizer": "gpt2", "vocab_size": tok.n_vocab, "eot": tok.eot,
-            "source": os.path.basename(zip_path), "source_sha256": sha256}
+    meta = {**token_meta(tok), "source": os.path.basename(zip_path), "source_sha256": sha256}
     try:
         with zipfile.ZipFile(zip_path) as zf:
             for split, member in MEMBERS.items():
