@@ -29,6 +29,7 @@ import glob
 import math
 import os
 import sys
+from collections import namedtuple
 
 import numpy as np
 
@@ -127,6 +128,7 @@ def collect(grid_dir, opts):
             early = eval_at(d, steps)
             early = early if early and early['iter'] == steps else None  # an eval at exactly that step
             layers = (s.get('saturation_layers') or {}).values()
+            row.update(dataset=cfg['dataset'], shape=[cfg['n_layer'], cfg['n_head'], cfg['n_embd']])
             row.update(norm=cfg['norm'], n_params=s['n_params'], final=s['final_val_loss'],
                        best=s['best_val_loss'], best_iter=s['best_iter'], acc=s.get('final_val_acc'),
                        final_iter=s['final_iter'], train_loss=s['final_train_loss'],
@@ -203,11 +205,12 @@ def summarize(rows):
                  **{k: sum(r['status'] == k for r in runs) for k in ('collapsed', 'diverged')},
                  near_unigram=sum(r.get('near_unigram', False) for r in runs),
                  excluded={r['name']: r['status'] for r in runs if r['status'] != 'finished'},
-                 tokens_per_param=next((r['tokens_per_param'] for r in ended), None),
+                 tokens_per_param=max((r['tokens_per_param'] for r in ended  # a diverged run saw less
+                                       if r['tokens_per_param']), default=None),
                  val_unigram=next((r['val_unigram'] for r in ended if r['val_unigram']), None),
                  layers_saturated=max((r['layers_saturated'] for r in ended
                                        if r.get('layers_saturated') is not None), default=None))
-        g['collapse_rate'] = (g['collapsed'] + g['diverged']) / len(ended) if ended else None
+        g['collapse_rate'] = g['collapsed'] / len(ended) if ended else None
         for key in ('final', 'best', 'acc', 'sat', 'screen_sat', 'best_iter', 'htsr_alpha', 'erank'):
             g[key], g[key + '_std'] = mean_std([r.get(key) for r in ok.values()])
         for key in ('sat', 'screen_sat'):  # every run that ended: the collapsed are the most saturated
@@ -228,12 +231,12 @@ def summarize(rows):
 
 
 def sign_flips(groups):
-    """Per (scale, variant): the intersection-union test of "better than the baseline at the smallest
-    budget AND worse at the largest" (each one-sided paired t; p = the larger of the two), and the seeds
-    in which both hold."""
+    """Per (scale, variant) of a norm other than LayerNorm: the intersection-union test of "better
+    than the baseline at the smallest budget AND worse at the largest" (each one-sided paired t; p = the
+    larger of the two; not corrected across rows), and the seeds in which both hold."""
     out = []
-    for scale, variant in dict.fromkeys((g['scale'], g['variant']) for g in groups
-                                        if g.get('effect_final')):
+    for scale, variant in dict.fromkeys((g['scale'], g['variant']) for g in groups  # norm variants only
+                                        if g.get('effect_final') and g['norm'] != 'layernorm'):
         cells = [g for g in groups
                  if (g['scale'], g['variant']) == (scale, variant) and g['effect_final']]
         if len(cells) < 2:
@@ -252,11 +255,13 @@ def sign_flips(groups):
     return out
 
 
+Item = namedtuple('Item', 'scale sat screen_sat tokens_per_param helps')  # one cell, as the rule sees it
+
+
 def rule_items(groups, norm):
-    """The rule's items for one norm, per cell (scale x budget x variant with a LayerNorm baseline):
-    {(analysis, outcome): (scale, saturation, screen saturation, tokens/param, helps)}. Per protocol:
-    finished runs, helps iff the mean change is below 0. Intention to treat: every run that ended, a cell
-    with a collapsed or diverged run counts as "hurts"."""
+    """The rule's items for one norm, one per cell (scale x budget x variant with a LayerNorm
+    baseline): {(analysis, outcome): [Item]}. Per protocol: finished runs, helps iff the mean change is
+    below 0. Intention to treat: every run that ended; a cell with a collapsed or diverged run hurts."""
     items = {}
     for g in groups:
         if g['norm'] != norm or g['variant'] == baseline(g['variant']) or not g['n_ended']:
@@ -268,23 +273,25 @@ def rule_items(groups, norm):
             change = g.get(f'change_{outcome}')
             if change is not None:
                 items.setdefault(('per protocol', outcome), []).append(
-                    (g['scale'], g['sat'], g['screen_sat'], g['tokens_per_param'], change < 0))
+                    Item(g['scale'], g['sat'], g['screen_sat'], g['tokens_per_param'], change < 0))
             failed = g['collapsed'] + g['diverged'] > 0
             items.setdefault(('intention to treat', outcome), []).append(
-                (g['scale'], g['sat_itt'], g['screen_sat_itt'], g['tokens_per_param'],
-                 not failed and change is not None and change < 0))
+                Item(g['scale'], g['sat_itt'], g['screen_sat_itt'], g['tokens_per_param'],
+                     not failed and change is not None and change < 0))
     return items
 
 
 def score_rule(items, opts, screen_steps=None):
-    """Each predictor on the items: saturation at the end and at the screen's step against the
-    threshold, and the baseline 'helps iff tokens per parameter is below t', t fitted on the items."""
-    out = []
-    for column, predictor, threshold in ((1, 'saturation (end)', opts['threshold']),
-                                         (2, f'saturation (step {screen_steps})', opts['threshold']),
-                                         (3, 'tokens/param (fitted)', None)):
-        scored = [(it[0], -it[3] if column == 3 else it[column], it[4]) for it in items
-                  if it[column] is not None]
+    """Each predictor on the items that have a saturation at the end: saturation at the end and at the
+    screen's step against the threshold, and the baseline 'helps iff tokens per parameter is below t', t
+    fitted on the items (scored as -T/P > -t, so that every rule reads 'score > threshold')."""
+    out, items = [], [i for i in items if i.sat is not None]
+    for predictor, score, threshold in (
+            ('saturation (end)', lambda i: i.sat, opts['threshold']),
+            (f'saturation (step {screen_steps})', lambda i: i.screen_sat, opts['threshold']),
+            ('tokens/param (fitted)',
+             lambda i: None if i.tokens_per_param is None else -i.tokens_per_param, None)):
+        scored = [(i.scale, score(i), i.helps) for i in items if score(i) is not None]
         if not scored:
             continue
         res = rule_stats(scored, threshold)
@@ -418,10 +425,13 @@ def markdown(grid_dir, rows, groups, flips, rule, link, pub, opts):
           'is next-token accuracy for language runs, test-set accuracy for a ViT.', '',
           '## Validation loss: final and best checkpoint', '']
     md += table(['scale', 'budget', 'tokens/param', 'variant', 'finished / collapsed / diverged / near '
-                 'unigram', 'final val loss', 'best val loss (mean step)', 'unigram level on val',
-                 'final val accuracy', 'saturation, end / screen', 'layers > 99% saturated'],
+                 'unigram', 'collapse rate', 'final val loss', 'best val loss (mean step)',
+                 'unigram level on val',
+                 'final val accuracy', 'saturation, end / screen',
+                 'layers > 99% saturated (most in a run)'],
                 [[g['scale'], g['budget'], fmt(g['tokens_per_param'], '.3g'), g['variant'],
                   f"{g['n']} / {g['collapsed']} / {g['diverged']} / {g['near_unigram']}",
+                  fmt(g['collapse_rate'], '.0%'),
                   pm(g['final'], g['final_std']),
                   f"{pm(g['best'], g['best_std'])} ({fmt(g['best_iter'], '.0f')})",
                   fmt(g['val_unigram'], '.4f'), pm(g['acc'], g['acc_std']),
@@ -430,10 +440,10 @@ def markdown(grid_dir, rows, groups, flips, rule, link, pub, opts):
     compared = [g for g in groups if g.get('effect_final') or g.get('effect_best')]
     md += ['## Effects against the same architecture with LayerNorm', '',
            'Over the seeds both have: variant minus baseline in nats with the paired-t 95% interval, in '
-           "% of the baseline's mean over those seeds, how many seeds are lower, and the paired "
-           "t-test's two-sided p with Holm's adjustment over every comparison of the table (from "
-           f'{MIN_SEEDS_FOR_P} seeds; with 2, one degree of freedom, read the signs and the interval).',
-           '']
+           "% of the baseline's mean over those seeds (taken as fixed), how many seeds are lower, and "
+           "the paired t-test's two-sided p with Holm's adjustment over the table's comparisons at that "
+           f'checkpoint (from {MIN_SEEDS_FOR_P} seeds; with 2, one degree of freedom, read the signs '
+           'and the interval).', '']
     md += table(['scale', 'budget', 'variant', 'final: change (nats)', 'final: %', 'final: seeds lower',
                  'final: p (Holm)', 'best: change (nats)', 'best: %', 'best: seeds lower',
                  'best: p (Holm)'],
@@ -444,7 +454,8 @@ def markdown(grid_dir, rows, groups, flips, rule, link, pub, opts):
         md += ['## The sign flip', '',
                'Better than LayerNorm at the smallest budget AND worse at the largest (final '
                'checkpoint): the seeds where both hold, and the intersection-union test (each '
-               f'one-sided paired t at level alpha, p = the larger; from {MIN_SEEDS_FOR_P} seeds).', '']
+               f'one-sided paired t at level alpha, p = the larger; from {MIN_SEEDS_FOR_P} seeds; not '
+               'corrected across rows).', '']
         md += table(['scale', 'variant', 'smallest budget: %', 'largest budget: %', 'seeds that flip',
                      'IUT p'],
                     [[f['scale'], f['variant'], f"{f['small']}: {f['small_pct']:+.1f}%"
@@ -520,10 +531,11 @@ def plots(report_dir, groups, opts):
                                         if g['final'] is not None and g['tokens_per_param']]):
             axes[2].plot([g['tokens_per_param'] for g in line], [g['final'] for g in line], 'o-',
                          label=name, color=color)
-        ref = sorted({(g['tokens_per_param'], g['val_unigram']) for g in groups
-                      if g['val_unigram'] and g['tokens_per_param'] and g['variant'] == 'ln'})
-        if ref:
-            axes[2].plot(*zip(*ref), 'kx:', label='unigram level on val')
+        for k, scale in enumerate(dict.fromkeys(g['scale'] for g in groups)):  # one line per scale
+            ref = sorted({(g['tokens_per_param'], g['val_unigram']) for g in groups
+                          if g['scale'] == scale and g['val_unigram'] and g['tokens_per_param']})
+            if ref:
+                axes[2].plot(*zip(*ref), 'kx:', label=None if k else 'unigram level on val')
         axes[2].set(xscale='log', xlabel='training tokens per parameter (seen)', ylabel='final val loss',
                     title='val loss and the unigram level')
         axes[2].legend(fontsize=7)
@@ -549,27 +561,34 @@ def plots(report_dir, groups, opts):
     return names
 
 
+def paper_cells(source):
+    """The study's 12 cells as Items, as one of its two artifacts records them."""
+    other = source == 'crossover_predictor.json'
+    cells = [(s, b, tp, PAPER_CELLS_OTHER.get((s, b), {}).get('sat', sat) if other else sat,
+              PAPER_CELLS_OTHER.get((s, b), {}).get('change', change) if other else change)
+             for s, b, tp, sat, change in PAPER_CELLS]
+    return [Item(s, sat, None, tp, change < 0) for s, b, tp, sat, change in cells]
+
+
 def published_rule(opts):
-    """The rule and its baseline on the study's own 12 cells, and on its other artifact's version."""
+    """The rule and its baseline on the study's own 12 cells, as each of its two artifacts has them."""
     out, md = {}, ['# The screening rule on the study\'s 12 cells (Verma 2026)', '',
                    'Saturation at the end of the run against DyT\'s change vs LayerNorm at the final '
                    'checkpoint, as the study scored its rule; beside it "helps iff tokens per parameter '
                    'is below t", t fitted on the cells, and the study\'s own figure T/P < 0.0855 '
-                   '(between 124m/10M at 0.081 and 1.3b/all at 0.090). '
+                   '(between 124m/10M at 0.081 and 1.3b/all at 0.090); and saturation > 0.467, the '
+                   'threshold crossover_predictor.json refitted. '
                    + RULE_NOTE.format(boot=opts['bootstrap']).split('. ', 1)[1], '']
-    for source, cells in (('predictor_validation.json', PAPER_CELLS),
-                          ('crossover_predictor.json', [(s, b, tp, PAPER_CELLS_OTHER.get((s, b), {}).get(
-                              'sat', sat), PAPER_CELLS_OTHER.get((s, b), {}).get('change', ch))
-                              for s, b, tp, sat, ch in PAPER_CELLS])):
-        items = [(s, sat, None, tp, change < 0) for s, b, tp, sat, change in cells]
+    for source in ('predictor_validation.json', 'crossover_predictor.json'):
+        items = paper_cells(source)
         rows = score_rule(items, opts)
-        stated = [(s, -tp, helps) for s, _, _, tp, helps in items]
-        rows.append(dict(rule_stats(stated, -0.0855), predictor='tokens/param (stated)',
-                         intervals=bootstrap_rule(stated, opts['bootstrap'], opts['seed'], -0.0855)))
-        sats = [(s, sat, helps) for s, sat, _, _, helps in items]
-        rows.append(dict(rule_stats(sats, None, opts['threshold']), predictor='saturation (refitted)',
-                         intervals=bootstrap_rule(sats, opts['bootstrap'], opts['seed'], None,
-                                                  opts['threshold'])))
+        for predictor, scored, threshold in (
+                ('tokens/param (stated)', [(i.scale, -i.tokens_per_param, i.helps) for i in items],
+                 -0.0855),
+                ('saturation (its refit)', [(i.scale, i.sat, i.helps) for i in items], 0.467)):
+            rows.append(dict(rule_stats(scored, threshold), predictor=predictor,
+                             intervals=bootstrap_rule(scored, opts['bootstrap'], opts['seed'],
+                                                      threshold)))
         for r in rows:
             r['analysis'] = "the study's"
         out[source] = rows
@@ -601,7 +620,10 @@ def main(argv):
     result = dict(runs=rows, groups=groups, sign_flips=flips, rule=rule, screen_vs_final=link,
                   published=pub)
     write_json(os.path.join(rest[0], 'report.json'),
-               dict(schema='nanonorm-study-report/2', options=opts, **result))
+               dict(schema='nanonorm-study-report/2', options=opts, **result,
+                    # what `screen` reads our accuracy of the rule from: reports of its data and shape
+                    datasets=sorted({r['dataset'] for r in rows if 'dataset' in r}),
+                    shapes=sorted({tuple(r['shape']) for r in rows if 'shape' in r})))
     atomic_write(os.path.join(rest[0], 'report.md'), lambda f: f.write(md.encode()))
     names = plots(rest[0], groups, opts)
     print(md + f"\nwrote {rest[0]}/report.md, report.json" + ''.join(f', {n}' for n in names))

@@ -171,17 +171,14 @@ def rule_stats(items, threshold=None, prior=None):
 def cluster_resamples(items, n_boot, seed):
     """n_boot bootstrap resamples of items [(group, ...)] by group: the cells of one scale are not
     independent, so the bootstrap resamples scales (a cluster bootstrap), not cells. Each resample draws
-    as many groups as there are, with replacement, and takes every item of each; a drawn group is
-    relabeled (group, position in the draw) so that one drawn twice counts as two (for LOSO)."""
+    as many groups as there are, with replacement, and takes every item of each. A group drawn twice
+    keeps its label, so leave-one-group-out holds both copies out together: a copy is never predicted
+    from a threshold fitted on its twin."""
     rng = np.random.default_rng(seed)
     groups = sorted(set(i[0] for i in items))
     members = {g: [i for i in items if i[0] == g] for g in groups}
-    out = []
-    for _ in range(n_boot):
-        idx = rng.integers(0, len(groups), len(groups))
-        out.append([((groups[g], j),) + tuple(i[1:]) for j, g in enumerate(idx)
-                    for i in members[groups[g]]])
-    return out
+    return [[i for g in rng.integers(0, len(groups), len(groups)) for i in members[groups[g]]]
+            for _ in range(n_boot)]
 
 
 def bootstrap_rule(items, n_boot, seed, threshold=None, prior=None):

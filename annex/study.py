@@ -7,15 +7,17 @@ repository root:
       train windows, and predict whether it will help (saturation > threshold 0.43) or hurt against
       LayerNorm at the end of the full run. --compare=True also trains LayerNorm for as many steps and
       prints the gap between them at that step. Writes out_screen/<config>_<budget>_s<seed>/screen.json
-      (or into --screen_dir).
+      (or into --screen_dir). --nproc=N trains under torchrun with N processes. Our own accuracy of the
+      rule is read from the reports (--reports) with runs of the same dataset and model shape.
   python annex/study.py screen --norm=dyt --max_iters=500 --lr_decay_iters=500 --train_tokens=10_000 \\
                                --screen_steps=50 --compare=True
       The same on a CPU, in about 20 s on 2 cores: the first 50 steps of config/grid_mini.py's
       10K-token DyT and LayerNorm runs (train.py's tiny default model on the offline pydocs corpus).
-  python annex/study.py run config/grid_64m.py [--shard=i/n] [--nproc=8]
+  python annex/study.py run config/grid_64m.py [--shard=i/n] [--nproc=8] [--gpus=0-7] [--dry_run=True]
       Run every cell of a grid (scales x budgets x variants x seeds) with train.py, one out_dir per cell.
       Finished cells are skipped, interrupted ones resumed, diverged or failed ones recorded; rerun to
-      continue.
+      continue. --gpus runs one cell per nproc of those GPUs at a time; --dry_run=True shows which cell
+      goes to which GPUs with which command, and runs nothing.
   python annex/study.py report out/grid_64m          (annex/report.py; python annex/report.py DIR too)
       report.md, report.json and PNGs: final AND best val loss per cell, % change against LayerNorm with
       a paired t-test over seeds, the sign-flip plot, the screening rule's accuracy, HTSR alpha and
@@ -29,9 +31,11 @@ lists the command's keys.
 import glob
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import fields
 
@@ -62,9 +66,9 @@ GRID_KEYS = dict(scales=dict, budgets=list, variants=list, seeds=list, overrides
                  budget_overrides=dict, custom_variants=dict, out_dir=str, screen_steps=int)
 RUNNER_SETS = ('out_dir', 'train_tokens', 'seed', 'init_from', 'overwrite')  # a grid may not set these
 THRESHOLD = 0.43  # the study's screening rule: DyT helps where its saturation at |alpha x| > 2 is above
-SCREEN = dict(screen_steps=500, threshold=THRESHOLD, compare=False, screen_dir='',
+SCREEN = dict(screen_steps=500, threshold=THRESHOLD, compare=False, screen_dir='', nproc=1,
               reports='out/*/report.json', poll=5.0)
-RUN = dict(shard='0/1', nproc=1, max_attempts=2, poll=30.0)
+RUN = dict(shard='0/1', nproc=1, gpus='', dry_run=False, max_attempts=2, poll=30.0)
 PUBLISHED_RULE = ('published rule (Verma 2026): 75% in-sample on 12 cells (AUC 0.75), 64% with the '
                   '3.78b cells, 50% leave-one-scale-out, 3/3 on Llama; validated on END-of-run '
                   'saturation, never after 500 steps')
@@ -190,23 +194,64 @@ PROGRESS = dict(  # a log record as a progress line, in train.py's words: 'step 
     step=lambda r: f"iter {r['iter']}, train loss {r['loss']:.4f}")
 
 
-def run_cell(cell, cell_dir, nproc=1, poll=30.0, extra=(), event='eval'):
-    """Run (or resume) one cell with train.py, its output in train.out; every `poll` seconds, the
-    latest record of this `event` in log.jsonl ('eval': its val loss, 'step': its train loss), once each.
-    Returns the cell's status afterwards; a failure is written to failed.json with its attempt count and
-    the end of its output."""
-    os.makedirs(cell_dir, exist_ok=True)
-    write_json(os.path.join(cell_dir, 'cell.json'), cell)
-    attempts = (read_json(os.path.join(cell_dir, 'failed.json')) or {}).get('attempts', 0)
+def cell_command(cell, cell_dir, nproc=1, extra=()):
+    """A cell's train.py command line (torchrun's with nproc > 1), resuming from ckpt.pt if there is one.
+    torchrun --standalone binds its rendezvous to a free port: cells side by side do not collide."""
     resume = os.path.exists(os.path.join(cell_dir, 'ckpt.pt'))
     args = [*cell['args'], *extra, f'--out_dir={os.path.abspath(cell_dir)}'] + (
         ['--init_from=resume'] if resume else [])
     launcher = [sys.executable] if nproc == 1 else [sys.executable, '-m', 'torch.distributed.run',
                                                     '--standalone', f'--nproc_per_node={nproc}']
+    return [*launcher, 'train.py', *args]
+
+
+def shell_line(cmd, env=None):
+    """A command as typed in a shell, its extra environment variables first."""
+    return ' '.join([*(f'{k}={v}' for k, v in (env or {}).items()), shlex.join(cmd)])
+
+
+class Children:
+    """The train.py processes a runner started: on SIGTERM or Ctrl-C it stops them all (each writes
+    its checkpoint, which resumes it on a rerun), and none starts after that."""
+
+    def __init__(self):
+        self.procs, self.stopping, self.lock = [], False, threading.Lock()
+
+    def start(self, cmd, **popen):
+        """The started process, or None once stopping."""
+        with self.lock:  # a slot's thread cannot start a child while stop() runs
+            if self.stopping:
+                return None
+            self.procs.append(subprocess.Popen(cmd, **popen))
+            return self.procs[-1]
+
+    def stop(self):
+        with self.lock:
+            self.stopping = True
+            for proc in self.procs:
+                if proc.poll() is None:
+                    proc.terminate()
+
+
+def run_cell(cell, cell_dir, nproc=1, poll=30.0, extra=(), event='eval', env=None, children=None):
+    """Run (or resume) one cell with train.py, its output in train.out after the command line, `env`
+    (variables set on top of ours: the runner's CUDA_VISIBLE_DEVICES) first; every `poll` seconds, the
+    latest record of this `event` in log.jsonl ('eval': its val loss, 'step': its train loss), once each.
+    Returns the cell's status afterwards, or 'stopped' when the runner stopped its `children`; a failure
+    is written to failed.json with its attempt count and the end of its output."""
+    os.makedirs(cell_dir, exist_ok=True)
+    write_json(os.path.join(cell_dir, 'cell.json'), cell)
+    attempts = (read_json(os.path.join(cell_dir, 'failed.json')) or {}).get('attempts', 0)
+    cmd = cell_command(cell, cell_dir, nproc, extra)
+    children = children or Children()  # run alone (the screen): its own
     out_path = os.path.join(cell_dir, 'train.out')
     with open(out_path, 'a') as out:
-        proc = subprocess.Popen([*launcher, 'train.py', *args], cwd=REPO, stdout=out,
-                                stderr=subprocess.STDOUT)
+        out.write(f'$ {shell_line(cmd, env)}\n')
+        out.flush()  # before train.py's output
+        proc = children.start(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                              env=os.environ | env if env else None)
+        if proc is None:
+            return 'stopped'
         shown = None
         try:
             while proc.poll() is None:
@@ -227,6 +272,8 @@ def run_cell(cell, cell_dir, nproc=1, poll=30.0, extra=(), event='eval'):
         if os.path.exists(os.path.join(cell_dir, 'failed.json')):
             os.remove(os.path.join(cell_dir, 'failed.json'))
         return st
+    if children.stopping:  # not a failure: its checkpoint resumes it on a rerun
+        return 'stopped'
     tail = open(out_path, errors='replace').read()[-2000:]
     write_json(os.path.join(cell_dir, 'failed.json'),
                dict(attempts=attempts + 1, returncode=proc.returncode, output_tail=tail))
@@ -243,12 +290,32 @@ def shard_of(cells, shard):
     return cells[i::n]
 
 
+def gpu_slots(gpus, nproc):
+    """--gpus ('0-7', '0,2,5', '0-3,6') cut into slots of nproc GPUs, as each slot's extra environment;
+    [None] without --gpus: one slot, on the GPUs train.py sees."""
+    if not gpus:
+        return [None]
+    ids = []
+    for part in gpus.split(','):
+        ends = part.split('-')
+        if len(ends) > 2 or not all(e.isdigit() for e in ends) or int(ends[0]) > int(ends[-1]):
+            raise SystemExit(f'error: --gpus={gpus!r}: write GPU ids and ranges, e.g. --gpus=0-7, '
+                             '--gpus=0,2,5 or --gpus=0-3,6')
+        ids += range(int(ends[0]), int(ends[-1]) + 1)
+    if len(set(ids)) < len(ids) or len(ids) % nproc:
+        raise SystemExit(f'error: --gpus={gpus!r} names {len(ids)} GPUs; each must be named once, and '
+                         f'their number must be a multiple of --nproc={nproc}')
+    return [dict(CUDA_VISIBLE_DEVICES=','.join(map(str, ids[i:i + nproc])))
+            for i in range(0, len(ids), nproc)]
+
+
 def cmd_run(argv):
     opts, rest = command_line(RUN, argv)
     if len(rest) != 1:
         raise SystemExit('usage: python annex/study.py run GRID_FILE [--shard=i/n] [--nproc=N] '
-                         '[--max_attempts=N] [--poll=SECONDS]')
+                         '[--gpus=0-7] [--dry_run=True] [--max_attempts=N] [--poll=SECONDS]')
     grid, cells = load_grid(rest[0])
+    slots = gpu_slots(opts['gpus'], opts['nproc'])
     mine = shard_of(cells, opts['shard'])
     dirs = {c['name']: os.path.join(grid['out_dir'], c['name']) for c in mine}
 
@@ -259,28 +326,60 @@ def cmd_run(argv):
     todo = [c for c in mine if wanted(dirs[c['name']])]
     print(f"{rest[0]}: {len(cells)} cells, {len(mine)} in shard {opts['shard']}; "
           f"{len(mine) - len(todo)} already finished, diverged or given up; {len(todo)} to run -> "
-          f"{grid['out_dir']}/", flush=True)
+          f"{grid['out_dir']}/" + (f", {len(slots)} at a time" if len(slots) > 1 else ''), flush=True)
     for c in mine:  # the grid file was edited after this cell ran: say so rather than mix settings
         old = read_json(os.path.join(dirs[c['name']], 'cell.json'))
         if old and old['args'] != c['args']:
             print(f"warning: {c['name']} was run with other arguments ({' '.join(old['args'])}); "
                   f"{'it resumes with the new ones' if c in todo else 'its results are kept'}: delete "
                   f"{dirs[c['name']]} to run it anew")
+    # slot i runs its cells one after another, those --shard=i/n of todo would take
+    plan = [(env, shard_of(todo, f'{i}/{len(slots)}')) for i, env in enumerate(slots)]
+    if opts['dry_run']:
+        for i, (env, cells_of_slot) in enumerate(plan):
+            for c in cells_of_slot:
+                print(f"slot {i}: {c['name']}: "
+                      + shell_line(cell_command(c, dirs[c['name']], opts['nproc']), env))
+        return 0
+    lock, times, running, children = threading.Lock(), [], 0, Children()
+
+    def run_slot(env, cells_of_slot):  # a slot's thread
+        nonlocal running
+        for cell in cells_of_slot:
+            with lock:  # done / running / left, the ETA from the finished cells' mean time
+                if children.stopping:
+                    return
+                running += 1
+                k, left = len(times), len(todo) - len(times) - running
+                n = running + left  # cells not done, len(slots) at a time
+                eta = f", ETA {sum(times) / k * n / min(len(slots), n) / 60:.1f} min" if k else ''
+                print(f"[{k}/{len(todo)} done, {running} running, {left} left{eta}] {cell['name']}"
+                      + (f" on GPU {env['CUDA_VISIBLE_DEVICES']}" if env else ''), flush=True)
+            t = time.time()
+            st = run_cell(cell, dirs[cell['name']], opts['nproc'], opts['poll'], env=env,
+                          children=children)
+            if st == 'stopped':
+                return
+            s = read_json(os.path.join(dirs[cell['name']], 'summary.json')) or {}
+            with lock:
+                running -= 1
+                times.append(time.time() - t)
+                print(f"    {cell['name']}: {st} in {times[-1]:.0f} s" + (
+                    f", final val {s['final_val_loss']:.4f}, best {s['best_val_loss']:.4f} @ "
+                    f"{s['best_iter']}"
+                    if st == 'finished' else f" (see {dirs[cell['name']]}/train.out)"), flush=True)
+    threads = [threading.Thread(target=run_slot, args=p) for p in plan if p[1]]
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # preempted: stop train.py too
     t0 = time.time()
+    for thread in threads:
+        thread.start()
     try:
-        for k, cell in enumerate(todo):
-            print(f"[{k}/{len(todo)} done, 1 running, {len(todo) - k - 1} left"
-                  + (f", ETA {(time.time() - t0) / k * (len(todo) - k) / 60:.1f} min" if k else '')
-                  + f"] {cell['name']}", flush=True)
-            t = time.time()
-            st = run_cell(cell, dirs[cell['name']], opts['nproc'], opts['poll'])
-            s = read_json(os.path.join(dirs[cell['name']], 'summary.json')) or {}
-            print(f"    {cell['name']}: {st} in {time.time() - t:.0f} s" + (
-                f", final val {s['final_val_loss']:.4f}, best {s['best_val_loss']:.4f} @ "
-                f"{s['best_iter']}"
-                if st == 'finished' else f" (see {dirs[cell['name']]}/train.out)"), flush=True)
+        for thread in threads:
+            thread.join()
     finally:
+        children.stop()  # SIGTERM or Ctrl-C: stop every train.py (when all ended, nothing to stop)
+        for thread in threads:
+            thread.join()
         signal.signal(signal.SIGTERM, previous)
     counts = {st: sum(status(d) == st for d in dirs.values())
               for st in ('finished', 'diverged', 'failed')}
@@ -333,7 +432,7 @@ def cmd_screen(argv):
         else:
             print(f"{norm}: training {steps} steps in {d} (train.py's output: {d}/train.out)",
                   flush=True)
-            if run_cell(cell, d, poll=opts['poll'], event='step') != 'finished':
+            if run_cell(cell, d, opts['nproc'], opts['poll'], event='step') != 'finished':
                 raise SystemExit(f'error: the {norm} screening run did not finish; see {d}/train.out')
         result[norm] = eval_at(d, steps)
         if not result[norm] or result[norm]['iter'] != steps:
@@ -357,9 +456,12 @@ def cmd_screen(argv):
              'HURT (higher val loss than LayerNorm)')
           + f" at the end of the run, at this data budget\ntrust: {PUBLISHED_RULE}"
           + ('' if kind == 'dyt' else '; fitted on DyT, untested on Derf'))
-    result['our_accuracy'] = {}
+    result['our_accuracy'], shape, other = {}, [cfg['n_layer'], cfg['n_head'], cfg['n_embd']], 0
     for path in sorted(glob.glob(opts['reports'])):
         report = read_json(path) or {}
+        if cfg['dataset'] not in report.get('datasets', []) or shape not in report.get('shapes', []):
+            other += 1  # the rule measured on other data or another model size says little here
+            continue
         link = report.get('screen_vs_final') or {}
         # the report's row for this screen: this norm, step-N saturation, collapses counted as "hurts"
         rule = next((r for r in report.get('rule', []) if r.get('norm') == kind
@@ -374,6 +476,9 @@ def cmd_screen(argv):
                   f"{fmt(rule['auc'], '.2f')}; step-{rule['screen_steps']} against final saturation: "
                   f"r = {fmt(link.get('pearson'), '.2f')}, same side of the threshold in "
                   f"{fmt(link.get('same_side'), '.0%')} of {link.get('n')} runs")
+    if other:
+        print(f"  ours: {other} report(s) skipped, without this dataset ({cfg['dataset']}) or this "
+              f"shape (n_layer, n_head, n_embd = {', '.join(map(str, shape))}) among their runs")
     if not result['our_accuracy']:
         print('  ours: no report found yet (run a grid and `python annex/study.py report`: it measures '
               'the rule)')
