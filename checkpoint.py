@@ -209,11 +209,13 @@ def append_log(out_dir, record, wandb_log=False):
 
 
 def write_summary(out_dir, status, state, facts):
-    """summary.json: how a run ended ('finished' or 'diverged'), its last eval, best and divergence; facts."""
+    """summary.json: how a run ended ('finished' or 'diverged'), its last eval, best and divergence; facts.
+    Ends the wandb run."""
     last, it, diverged = state['last_eval'] or {}, state['iter_num'], status == 'diverged'
     layers = last.get('norm_layers', {})
     write_json(os.path.join(out_dir, 'summary.json'), {
         'status': status, 'final_iter': last.get('iter'), 'final_val_loss': last.get('val_loss'),
+        'final_val_loss_paper': last.get('val_loss_paper'),
         'final_train_loss': last.get('train_loss'), 'final_val_acc': last.get('val_acc'),
         'final_train_acc': last.get('train_acc'),
         'best_val_loss': state['best_val_loss'] if state['best_iter'] is not None else None,
@@ -223,3 +225,6 @@ def write_summary(out_dir, status, state, facts):
         'alphas': {k: v['alpha'] for k, v in layers.items() if v['alpha'] is not None}, 'iters': it,
         'wall_time_s': state['wall_time_s'], 'diverged': diverged, 'diverged_reason': state.get('diverged'),
         'diverged_iter': it if diverged else None, 'warnings': last.get('warnings'), **facts})
+    if facts['config'].get('wandb_log'):  # the run has ended (a stopped one's ends with the process)
+        import wandb
+        wandb.finish()

@@ -6,10 +6,10 @@ Train a GPT variant (model.py) on a tokenized corpus: on a CPU, one GPU, or many
   torchrun --standalone --nproc_per_node=8 train.py config/gpt2_64m_dyt.py --init_from=auto
 
 Keys: the globals below, then config files, then --key=value (configurator.py). Writes config.json, log.jsonl,
-ckpt.pt, best.pt and summary.json to out_dir. SIGTERM, SIGUSR1 and Ctrl-C stop at the next step with ckpt.pt
-written. Exit status: 0 finished, 3 diverged, 4 stopped by a signal, 1 error. Annexes, imported where a run
-needs them: annex/cluster.py (fsdp, srun), annex/vit.py (image data), annex/memory.py (memory plan, MFU).
+ckpt.pt, best.pt, summary.json to out_dir; SIGTERM, SIGUSR1, Ctrl-C stop at the next step, ckpt.pt written.
+Exit status 0 finished, 3 diverged, 4 stopped, 1 error. Annexes where needed: annex/*.py.
 """
+import gc
 import math
 import os
 import signal
@@ -35,6 +35,7 @@ from model import GPTConfig
 # I/O
 out_dir = 'out'
 eval_interval = 100
+eval_interval_warmup: int | None = None  # evals this often until warmup ends (an early best); None = as after
 log_interval = 10
 eval_iters = 10  # batches per split per evaluation (image data: val is the whole test set)
 eval_only = False
@@ -49,6 +50,7 @@ dataset = 'pydocs'
 data_dir: str | None = None  # the folder with train.bin, val.bin and meta.json; None = data/<dataset>
 train_tokens: int | None = None  # the data budget: windows in the first train_tokens train tokens; None = all
 val_tokens: int | None = None  # evaluate on the first val_tokens val tokens (for every budget); None = all
+paper_val = 0  # > 0: also log val_loss_paper, the study's protocol (README): this many windows, redrawn
 tiktoken_file: str | None = None  # a GPT-2 .tiktoken ranks file for offline machines (sample.py reads it too)
 gradient_accumulation_steps = 1  # micro-batches per step in all: batch_size x this = sequences per step
 batch_size = 16  # sequences per micro-batch, at most
@@ -120,9 +122,9 @@ def main(argv):
     cfg = SimpleNamespace(**configure(DEFAULTS, argv, OPTIONAL_TYPES, __doc__))
     handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     try:
-        env = setup(cfg)
-        status = train(cfg, env)
+        status = train(cfg, env := setup(cfg))
         if env.ddp:
+            gc.collect()  # the model freed before its process group (FSDP hooks hold cycles), or gloo aborts
             dist.destroy_process_group()
         return status
     finally:  # main() may run again in the same process (tests, notebooks)
@@ -203,7 +205,8 @@ def train(cfg, env):
     start_iter, reason, stop, steps_since_log, timed, batch = iter_num, None, False, 0, False, None
     while True:
         saved = False
-        if cfg.eval_only or (iter_num % cfg.eval_interval == 0 or iter_num >= cfg.max_iters) and not (
+        every = (iter_num < cfg.warmup_iters and cfg.eval_interval_warmup) or cfg.eval_interval
+        if cfg.eval_only or (iter_num % every == 0 or iter_num >= cfg.max_iters) and not (
                 iter_num == start_iter and resume):  # a resumed step's eval is in the log already
             ev = evaluate(cfg, env, raw, data, iter_num)
             if not (math.isfinite(ev['train_loss']) and math.isfinite(ev['val_loss'])):
@@ -313,13 +316,9 @@ def train(cfg, env):
             **seen(cfg, data, iter_num), 'n_params': raw.get_num_params(),
             f'budget_{data.unit}': data.n_train, 'unigram_entropy': data.entropy, 'config': config})
     if writing and status == 'finished':
-        final = (last_eval or {}).get('val_loss', math.nan)
-        print(f'done: {cfg.out_dir} at iter {iter_num}, final val loss {final:.4f}, best {best_val_loss:.4f} '
-              f'@ {best_iter}. Next: ' + ('' if data.unit == 'images' else f'python sample.py --out_dir='
-                                         f'{cfg.out_dir}; ') + f'python analyze.py all {cfg.out_dir}')
-    if writing and cfg.wandb_log:
-        import wandb
-        wandb.finish()
+        print(f"done: {cfg.out_dir} at iter {iter_num}, final val loss {last_eval['val_loss']:.4f}, best "
+              f'{best_val_loss:.4f} @ {best_iter}. Next: ' + ('' if data.unit == 'images' else
+              f'python sample.py --out_dir={cfg.out_dir}; ') + f'python analyze.py all {cfg.out_dir}')
     return {'finished': 0, 'diverged': EXIT_DIVERGED, 'stopped': EXIT_STOPPED}[status]
 
 
@@ -360,9 +359,9 @@ def evaluate(cfg, env, raw, data, it):
     processes; the norm statistics on the train samples (saturation as the study measures it)."""
     raw.eval()
     result = {}
-    for split in ('train', 'val'):
+    for split in ('train', 'val', 'val_paper')[:3 if cfg.paper_val else 2]:
         norm_stats.record(raw, split == 'train')
-        ids = data.eval_ids[split]
+        ids = data.draw(cfg.seed, it, cfg.paper_val, split) if split == 'val_paper' else data.eval_ids[split]
         sums = torch.zeros(2, device=env.device)  # loss x samples, correct predictions
         for first, count in micro_batches(len(ids), env.world, env.rank, cfg.batch_size):
             x, y = data.batch(split, ids[first:first + count], env.device)
@@ -384,6 +383,7 @@ def evaluate(cfg, env, raw, data, it):
     if full:  # a saturated layer's output is sign(x) * gamma, whatever its input; f: DyT's tanh, Derf's erf
         warnings.append(f"norm layers saturated (|f| > tanh(2) on over 99% of inputs): {', '.join(full)}")
     return {'event': 'eval', 'iter': it, 'train_loss': result['train'][0], 'val_loss': result['val'][0],
+            'val_loss_paper': result['val_paper'][0] if cfg.paper_val else None,
             'train_acc': result['train'][1], 'val_acc': result['val'][1], 'lr': get_lr(it, cfg),
             **seen(cfg, data, it), 'saturation': stats['saturation'], 'thresholds': stats['thresholds'],
             'norm_layers': layers, 'warnings': warnings}

@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from analyze import DEFAULTS as ANALYZE_DEFAULTS
 from analyze import analyze, fmt
+from checkpoint import load_checkpoint
 from annex.plots import pyplot, save_png
 from annex.stats import bootstrap_rule, holm, intersection_union, paired, rule_stats
 from annex.study import PUBLISHED_RULE, THRESHOLD, command_line, eval_at, label, read_json, status
@@ -46,7 +47,8 @@ from norm_stats import AT_2
 from train import COLLAPSE_MARGIN
 
 OPTIONS = dict(threshold=THRESHOLD, screen_steps=0, collapse_margin=COLLAPSE_MARGIN, near_margin=0.5,
-               bootstrap=2000, seed=0, analysis=True, device='cpu', published=False)
+               bootstrap=2000, seed=0, analysis=True, test=True, test_limit=0, device='cpu',
+               published=False)
 POINTWISE = ('dyt', 'derf')  # the norms with an alpha and a saturation (norm_stats.squashed)
 ENDED = ('finished', 'collapsed', 'diverged')  # runs that reached their end: intention to treat counts
 MIN_SEEDS_FOR_P = 3  # a t-test on 2 seeds has 1 degree of freedom: signs and intervals say more
@@ -102,7 +104,8 @@ def budget_reference(dataset, data_dir, train_tokens):
     counts = token_counts(train, vocab)
     logp = np.log(counts + 1.0) - math.log(len(train) + len(counts))
     val_unigram = -float(np.mean(logp[np.asarray(val)])) if len(val) else None
-    return dict(entropy=entropy_of(counts), n_train=len(train), val_unigram=val_unigram)
+    return dict(entropy=entropy_of(counts), n_train=len(train), val_unigram=val_unigram,
+                layout=load_meta(dataset, data_dir).get('layout', 'file'))
 
 
 def collect(grid_dir, opts):
@@ -121,15 +124,19 @@ def collect(grid_dir, opts):
         if s:
             cfg = s['config']
             ref = budget_reference(cfg['dataset'], cfg['data_dir'], cfg['train_tokens']) or dict(
-                entropy=s.get('unigram_entropy'), n_train=s.get('budget_tokens'), val_unigram=None)
+                entropy=s.get('unigram_entropy'), n_train=s.get('budget_tokens'), val_unigram=None,
+                layout=None)
             entropy, n_train = ref['entropy'], ref['n_train']
             seen = min(n_train, s['tokens']) if n_train and s.get('tokens') is not None else n_train
             steps = opts['screen_steps'] or cell.get('screen_steps', 500)
             early = eval_at(d, steps)
             early = early if early and early['iter'] == steps else None  # an eval at exactly that step
             layers = (s.get('saturation_layers') or {}).values()
-            row.update(dataset=cfg['dataset'], shape=[cfg['n_layer'], cfg['n_head'], cfg['n_embd']])
+            row.update(dataset=cfg['dataset'], data_dir=cfg['data_dir'],
+                       shape=[cfg['n_layer'], cfg['n_head'], cfg['n_embd']])
             row.update(norm=cfg['norm'], n_params=s['n_params'], final=s['final_val_loss'],
+                       final_paper=s.get('final_val_loss_paper'),  # the study's protocol, if logged
+                       paper_protocol=bool(cfg.get('paper_val')) and ref['layout'] == 'paper',
                        best=s['best_val_loss'], best_iter=s['best_iter'], acc=s.get('final_val_acc'),
                        final_iter=s['final_iter'], train_loss=s['final_train_loss'],
                        unigram_entropy=entropy, val_unigram=ref['val_unigram'], tokens_seen=seen,
@@ -179,7 +186,7 @@ def effect(ours, theirs, key):
     paired-t 95% interval, in % of the baseline's mean over those seeds, each seed's %, and how many
     seeds are lower."""
     common = sorted(set(ours) & set(theirs))
-    a, b = [ours[s][key] for s in common], [theirs[s][key] for s in common]
+    a, b = [ours[s].get(key) for s in common], [theirs[s].get(key) for s in common]
     if not common or None in a + b:
         return None
     res, base = paired(a, b), float(np.mean(b))
@@ -211,14 +218,16 @@ def summarize(rows):
                  layers_saturated=max((r['layers_saturated'] for r in ended
                                        if r.get('layers_saturated') is not None), default=None))
         g['collapse_rate'] = g['collapsed'] / len(ended) if ended else None
-        for key in ('final', 'best', 'acc', 'sat', 'screen_sat', 'best_iter', 'htsr_alpha', 'erank'):
+        g['paper_protocol'] = bool(ok) and all(r['paper_protocol'] for r in ok.values())
+        for key in ('final', 'final_paper', 'best', 'acc', 'sat', 'screen_sat', 'best_iter',
+                    'htsr_alpha', 'erank', 'test_final', 'test_best'):
             g[key], g[key + '_std'] = mean_std([r.get(key) for r in ok.values()])
         for key in ('sat', 'screen_sat'):  # every run that ended: the collapsed are the most saturated
             g[key + '_itt'] = mean_std([r.get(key) for r in ended])[0]
         base = {r['seed']: r for r in groups.get((scale, budget, baseline(variant)), [])
                 if r['status'] == 'finished'}
         if variant != baseline(variant):
-            for key in ('final', 'best'):
+            for key in ('final', 'best', 'final_paper', 'test_final', 'test_best'):
                 g[f'effect_{key}'] = effect(ok, base, key)
                 g[f'change_{key}'] = g[f'effect_{key}'] and g[f'effect_{key}']['pct']
         out.append(g)
@@ -346,6 +355,33 @@ def spectra_and_rank(runs, opts):
         r.update(htsr_alpha=res.get('htsr_alpha'), erank=res.get('erank'),
                  analysis_error=res.get('error'))
 
+
+def test_losses(runs, opts):
+    """Each finished token run's loss on its dataset's held-out test split (annex/eval.py's perplexity:
+    consecutive windows, every token predicted once; test_limit > 0 caps the windows) at the final
+    checkpoint and at the one picked on val (best.pt), so the best is reported on data it was not picked
+    on. Cached in the cell folder as test.json; a dataset without a test split is noted there."""
+    from annex.eval import eval_perplexity  # here: only a report with test=True needs it
+    for r in runs:
+        if r['status'] != 'finished' or not r.get('tokens_per_param'):  # token runs (not a ViT's)
+            continue
+        cache = os.path.join(r['dir'], 'test.json')
+        res = read_json(cache)
+        if not res or res.get('final_iter') != r['final_iter']:
+            res = dict(final_iter=r['final_iter'])
+            try:
+                tokens = load_split(r['dataset'], 'test', r['data_dir'])
+            except DataError as e:
+                res['error'] = str(e)
+            else:
+                for key, name in (('test_final', 'ckpt.pt'), ('test_best', 'best.pt')):
+                    model, _ = load_checkpoint(os.path.join(r['dir'], name), device=opts['device'])
+                    res[key] = eval_perplexity(model, tokens, opts['test_limit'] or None,
+                                               f"{r['name']} {name}", batch_tokens=8192,
+                                               device=opts['device'])['loss']
+            write_json(cache, res)
+        r.update(test_final=res.get('test_final'), test_best=res.get('test_best'))
+
 # ----------------------------------------------------------------------------------- report.md and plots
 
 
@@ -370,14 +406,30 @@ def effect_cells(e):
 
 def beside_published(groups):
     """Every published figure that has a counterpart among our cells (same scale, budget label and
-    variant)."""
-    ours = dict(val_loss='final', saturation='sat', htsr_alpha='htsr_alpha', erank='erank',
-                **{'change_%': 'change_final'})
-    return [dict(figure=what, scale=g['scale'], budget=g['budget'], variant=g['variant'], published=x,
-                 ours=g.get(ours[what]),
-                 difference=None if g.get(ours[what]) is None else g[ours[what]] - x)
-            for what, table in PUBLISHED.items() for g in groups for key, x in table.items()
-            if key == (g['scale'], g['budget'], g['variant'])]
+    variant), with what makes it comparable or not: losses and changes under the study's protocol
+    (paper_val on data/wikitext103/paper) where every run of the cell logged it, else ours, noted."""
+    out = []
+    for what, published in PUBLISHED.items():
+        for g in groups:
+            x = published.get((g['scale'], g['budget'], g['variant']))
+            if x is None:
+                continue
+            paper = what in ('val_loss', 'change_%') and g['paper_protocol']  # losses: comparable?
+            key = dict(val_loss='final', saturation='sat', htsr_alpha='htsr_alpha', erank='erank',
+                       **{'change_%': 'change_final'})[what] + ('_paper' if paper else '')
+            notes = [] if paper or what not in ('val_loss', 'change_%') else [
+                "not comparable: our fixed val set and whole-file tokenization, not the study's val "
+                'slices (rerun with paper_val on data/wikitext103/paper)']
+            if 'diff' in g['variant']:
+                notes.append("the study's Differential Attention is not the reference form ours is")
+            if (g['scale'], g['budget']) == ('124m', '10M') and what == 'change_%':
+                notes.append("the study's artifacts disagree: -12.3% here, +6.1% in "
+                             'crossover_predictor.json')
+            ours = g.get(key)
+            out.append(dict(figure=what, scale=g['scale'], budget=g['budget'], variant=g['variant'],
+                            published=x, ours=ours, difference=None if ours is None else ours - x,
+                            protocol='paper' if paper else 'ours', notes=notes))
+    return out
 
 
 def table(header, rows):
@@ -470,6 +522,19 @@ def markdown(grid_dir, rows, groups, flips, rule, link, pub, opts):
            f"at the end, over {link['n']} DyT and Derf runs: mean {fmt(link['mean_screen'], '.3f')} vs "
            f"{fmt(link['mean_final'], '.3f')}, Pearson r {fmt(link['pearson'], '.3f')}, same side of "
            f"the threshold in {fmt(link['same_side'], '.0%')}.", '']
+    tested = [g for g in groups if g.get('test_final') is not None]
+    if tested:
+        md += ['## Held-out test split: final checkpoint and the best on val', '',
+               'The loss on the test split (consecutive windows, every token predicted once) of the '
+               'final checkpoint and of the one picked on val (best.pt): the best is reported on data '
+               'it was not picked on. Changes against LayerNorm over the seeds both have, in % (paired '
+               '95% interval).', '']
+        md += table(['scale', 'budget', 'variant', 'n', 'test loss, final', 'test loss, best on val',
+                     'change, final', 'change, best on val'],
+                    [[g['scale'], g['budget'], g['variant'], g['n'],
+                      pm(g['test_final'], g['test_final_std']), pm(g['test_best'], g['test_best_std'])]
+                     + [effect_cells(g.get(f'effect_{k}'))[1] for k in ('test_final', 'test_best')]
+                     for g in tested])
     analysed = [g for g in groups if g.get('htsr_alpha') is not None or g.get('erank') is not None]
     if analysed:
         md += ['## Weight spectra and activation rank (final checkpoints, analyze.py)', '']
@@ -478,9 +543,11 @@ def markdown(grid_dir, rows, groups, flips, rule, link, pub, opts):
                       fmt(g['erank'], '.1f')] for g in analysed])
     md += ['## The study\'s published figures (Verma 2026, final checkpoint, mean of 3 seeds) beside '
            'ours', '']
-    md += table(['figure', 'scale', 'budget', 'variant', 'published', 'ours', 'difference'],
+    md += table(['figure', 'scale', 'budget', 'variant', 'published', 'ours', 'difference', 'protocol',
+                 'notes'],
                 [[p['figure'], p['scale'], p['budget'], p['variant'], f"{p['published']:g}",
-                  fmt(p['ours'], '.4g'), fmt(p['difference'], '+.4g')] for p in pub]) if pub else \
+                  fmt(p['ours'], '.4g'), fmt(p['difference'], '+.4g'), p['protocol'],
+                  '; '.join(p['notes']) or '-'] for p in pub]) if pub else \
         ['No cell of this grid has a published counterpart (the study: GPT-2 64m-3.78b on '
          'WikiText-103).', '']
     md += ['## Runs not averaged, or flagged', '']
@@ -612,6 +679,8 @@ def main(argv):
     rows = collect(rest[0], opts)
     if opts['analysis']:
         spectra_and_rank(rows, opts)
+    if opts['test']:
+        test_losses(rows, opts)
     groups = summarize(rows)
     flips = sign_flips(groups)
     rule, link = screening(groups, rows, opts)

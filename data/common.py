@@ -188,27 +188,34 @@ def micro_batches(n, world, rank, batch_size):
     return [(a, b - a) for a, b in zip(bounds, bounds[1:])]
 
 
+def paper_val_tokens(train_tokens, n_val):
+    """How many val tokens the study evaluated a budget on: the first max(10,000, budget / 100) (1M -> 10K,
+    10M -> 100K, 50M -> 500K), all of val for the whole train split (train_tokens None)."""
+    return n_val if train_tokens is None else min(n_val, max(10_000, train_tokens // 100))
+
+
 class TokenData:
     """Windows of block_size tokens of the budget (the train split's first tokens), next tokens as targets.
     A step's windows depend on (seed, step) alone, so resumed and multi-process runs see the single-process
-    batches. Fixed eval windows: on train, those analyze.py measures on; on val, spread evenly."""
+    batches. Fixed eval windows: on train, those analyze.py measures on; on val, spread evenly. With
+    `paper_val` (the study's val slice), 'val_paper' windows too, redrawn at every eval from (seed, step)."""
     unit, predicted = 'tokens', 'token'
 
-    def __init__(self, train, val, block_size, eval_count, eval_seed):
-        self.train, self.val, self.block_size = train, val, block_size
+    def __init__(self, train, val, block_size, eval_count, eval_seed, paper_val=None):
+        self.train, self.val, self.val_paper, self.block_size = train, val, paper_val, block_size
         self.n_train, self.per_sample = len(train), block_size
         self.entropy = unigram_entropy(train)  # the loss of predicting token frequencies only (a collapse)
         train_ids = random_windows(len(train), eval_count, block_size + 1, eval_seed)
         self.eval_ids = {'train': torch.from_numpy(train_ids),
                          'val': torch.linspace(0, len(val) - block_size - 1, eval_count).long()}
 
-    def draw(self, seed, step, count):
-        """Start offsets of the `count` windows of step `step`; a window and its targets end in the budget."""
-        g = torch.Generator().manual_seed(derived_seed(seed, 'train', step))
-        return torch.randint(self.n_train - self.block_size, (count,), generator=g)
+    def draw(self, seed, step, count, split='train'):
+        """Start offsets of the `count` windows of step `step`; a window and its targets end in the split."""
+        g = torch.Generator().manual_seed(derived_seed(seed, split, step))
+        return torch.randint(len(getattr(self, split)) - self.block_size, (count,), generator=g)
 
     def batch(self, split, starts, device):
-        data, T = self.train if split == 'train' else self.val, self.block_size
+        data, T = getattr(self, split), self.block_size
         x = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in starts.tolist()])
         y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64)) for i in starts.tolist()])
         return to_device(x, device), to_device(y, device)
@@ -232,10 +239,13 @@ def open_data(cfg, env, eval_seed):
                 torch.distributed.barrier()
         meta, eval_count = load_meta(cfg.dataset, cfg.data_dir), cfg.eval_iters * cfg.batch_size
         if meta['kind'] == 'images':
+            if cfg.paper_val:
+                raise DataError("paper_val is the study's language-model protocol; use paper_val=0 here")
             vit = annex('vit', f'dataset {cfg.dataset!r} (images, for a ViT)')
             return vit.open_images(cfg.dataset, cfg.data_dir, eval_count, eval_seed)
         train, val = (load_split(cfg.dataset, s, data_dir=cfg.data_dir) for s in ('train', 'val'))
         n_train = len(train) if cfg.train_tokens is None else cfg.train_tokens  # the data budget
+        paper = val[:paper_val_tokens(cfg.train_tokens, len(val))] if cfg.paper_val else None
         val = val[:cfg.val_tokens]
         if not cfg.block_size < n_train <= len(train):
             raise DataError(f'train_tokens={cfg.train_tokens} must be between block_size+1 '
@@ -256,7 +266,7 @@ def open_data(cfg, env, eval_seed):
     elif cfg.vocab_size < meta['vocab_size']:
         raise SystemExit(f"error: vocab_size={cfg.vocab_size} is smaller than the dataset's vocabulary "
                          f"({meta['vocab_size']} in meta.json); use vocab_size=None (padded automatically)")
-    return meta, TokenData(train, val, cfg.block_size, eval_count, eval_seed)
+    return meta, TokenData(train, val, cfg.block_size, eval_count, eval_seed, paper)
 
 # ----------------------------------------------------------------------------- files of a run
 

@@ -293,11 +293,11 @@ def finished(out_dir, force):
         return json.load(f)
 
 
-def cli(prepare, doc):
-    """A prepare script's command line, the configurator's: --force=True rebuilds, and
+def cli(prepare, doc, **options):
+    """A prepare script's command line, the configurator's: --force=True rebuilds,
     --tiktoken_file=PATH (a GPT-2 ranks file, or set NANONORM_TIKTOKEN_FILE) serves a `prepare` that
-    tokenizes with GPT-2 offline."""
-    defaults = dict(force=False)
+    tokenizes with GPT-2 offline, and `options` (name=default) are the script's own."""
+    defaults = dict(force=False, **options)
     if "tiktoken_file" in inspect.signature(prepare).parameters:
         defaults["tiktoken_file"] = None
     try:

@@ -269,7 +269,7 @@ def own_folder(d, train, val, meta):
 def data_cfg(d, **kw):
     """The keys of train.py's config that open_data reads."""
     return types.SimpleNamespace(**{**dict(dataset="own", data_dir=d, eval_iters=1, batch_size=2,
-                                           train_tokens=None, val_tokens=None, block_size=4,
+                                           train_tokens=None, val_tokens=None, block_size=4, paper_val=0,
                                            vocab_size=None, seed=1), **kw})
 
 
@@ -379,6 +379,30 @@ def test_wikitext103_prepare(server, tmp_path, capsys):
     capsys.readouterr()
     assert prepare(**kw) == meta
     assert "already prepared" in capsys.readouterr().out and len(server.log) == n
+
+
+@needs_ranks
+def test_wikitext103_paper_layout(server, tmp_path):
+    """The study's tokenization: each non-blank row of the raw file encoded alone, concatenated."""
+    from data.wikitext103.prepare import prepare
+    val = " = Valid = \n\n \n Some text , with  spaces .\n\t\n Last row without newline"
+    texts = {"train": TRICKY * 3, "val": val, "test": " = T = \n\n x\n"}
+    names = {"train": "wiki.train.raw", "val": "wiki.valid.raw", "test": "wiki.test.raw"}
+    body = make_zip({f"wikitext-103-raw/{names[s]}": t for s, t in texts.items()})
+    url = server.serve("/wikitext-103-raw-v1.zip", body)
+    meta = prepare(out_dir=str(tmp_path), tiktoken_file=RANKS, urls=[url], sha256=sha(body),
+                   size=len(body), layout="paper")
+    enc = get_tokenizer("gpt2", RANKS)
+    for s, t in texts.items():
+        rows = [row for row in t.splitlines(keepends=True) if row.strip()]  # blank rows skipped
+        want = [i for row in rows for i in enc.encode(row)]
+        assert np.fromfile(tmp_path / f"{s}.bin", dtype=np.uint16).tolist() == want
+        assert meta[f"{s}_tokens"] == len(want)
+    assert meta["layout"] == "paper" and len(rows) == 2
+    # differs from the whole-file encoding where rows meet: "\n\n" and "\n\t\n" are one token each there
+    assert want != enc.encode(texts["test"])
+    with pytest.raises(DataError, match="layout must be 'file'"):
+        prepare(out_dir=str(tmp_path / "x"), layout="rows")
 
 
 @needs_ranks

@@ -485,3 +485,44 @@ def test_dyt_learns_below_the_unigram_loss_at_the_default_config(tmp_path):
     assert runs[0.02]['final_train_loss'] > entropy - 0.1
     assert any('unigram level' in w for w in runs[0.02]['warnings'])
     assert any('norm layers saturated' in w for w in runs[0.02]['warnings'])
+
+
+def test_paper_val_is_the_studys_slice_with_windows_redrawn_per_eval(tmp_path):
+    """val_loss_paper: the budget's first max(10K, budget / 100) val tokens (the study's protocol), its
+    windows redrawn at every eval from (seed, step): recomputed here from the final checkpoint."""
+    from data.common import derived_seed, paper_val_tokens
+    assert [paper_val_tokens(b, 10**6) for b in (10**6, 10**7, 5 * 10**7, None)] == [
+        10_000, 100_000, 500_000, 10**6]
+    assert paper_val_tokens(5 * 10**7, 247_000) == 247_000  # WikiText-103's val: shorter than 500K
+    d = tmp_path / 'data'
+    d.mkdir()
+    rng = np.random.default_rng(0)
+    rng.integers(0, 60, 8000).astype(np.uint16).tofile(d / 'train.bin')
+    val = rng.integers(0, 60, 30_000).astype(np.uint16)
+    val.tofile(d / 'val.bin')
+    (d / 'meta.json').write_text(json.dumps({'tokenizer': 'byte', 'vocab_size': 60}))
+    assert run(d, tmp_path / 'p', '--max_iters=4', '--eval_interval=2', '--paper_val=6',
+               '--train_tokens=5000') == 0
+    evals = records(tmp_path / 'p', 'eval')
+    assert [e['iter'] for e in evals] == [0, 2, 4] and all(e['val_loss_paper'] for e in evals)
+    model, _ = load_checkpoint(tmp_path / 'p' / 'ckpt.pt')
+    paper = torch.from_numpy(val[:10_000].astype(np.int64))  # budget 5000: the first 10,000 val tokens
+    starts = [torch.randint(10_000 - 16, (6,), generator=torch.Generator().manual_seed(
+        derived_seed(1337, 'val_paper', it))).tolist() for it in (2, 4)]
+    assert starts[0] != starts[1]  # redrawn at every eval
+    x = torch.stack([paper[s:s + 16] for s in starts[1]])
+    y = torch.stack([paper[s + 1:s + 17] for s in starts[1]])
+    with torch.no_grad():
+        assert evals[-1]['val_loss_paper'] == pytest.approx(model(x, y)[1].item(), abs=1e-5)
+    assert evals[-1]['val_loss'] != evals[-1]['val_loss_paper']  # ours: the fixed val windows
+    assert run(d, tmp_path / 'q', '--max_iters=0') == 0
+    assert records(tmp_path / 'q', 'eval')[0]['val_loss_paper'] is None  # off by default
+
+
+def test_evals_are_denser_until_warmup_ends(data_dir, tmp_path):
+    """eval_interval_warmup: every 2 steps before step 6 (warmup), then every 4, and at the end."""
+    assert run(data_dir, tmp_path / 'e', '--max_iters=10', '--warmup_iters=6', '--eval_interval=4',
+               '--eval_interval_warmup=2') == 0
+    assert [r['iter'] for r in records(tmp_path / 'e', 'eval')] == [0, 2, 4, 8, 10]
+    with pytest.raises(SystemExit, match='eval_interval_warmup positive'):
+        run(data_dir, tmp_path / 'f', '--eval_interval_warmup=-1')

@@ -4,6 +4,7 @@ printing it), checkpoint size.
 Every figure is checked against something computed another way: datasheet numbers written out here, counts
 of a meta-device model, the storages autograd keeps on CPU, a checkpoint written the way train.py writes
 it."""
+import gc
 import os
 import socket
 
@@ -322,6 +323,8 @@ def fsdp_saved_tensors(rank, world, port, path):
     kept, copies = saved_for_backward(model, idx, targets, autocast=True, weights=weights)
     if rank == 0:
         torch.save({'kept': kept, 'copies': copies}, path)
+    del model
+    gc.collect()  # the sharded model freed before its process group: else gloo can abort at exit
     dist.destroy_process_group()
 
 
@@ -356,6 +359,8 @@ def save_like_train(rank, world, port, path):
     state = training_state(model, optimizer)
     if rank == 0:
         torch.save(state, path)
+    del model, optimizer, state
+    gc.collect()  # as above
     dist.destroy_process_group()
 
 

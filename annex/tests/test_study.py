@@ -60,13 +60,14 @@ SAT = {('64m', '1M'): (0.60, True), ('64m', 'all'): (0.40, False), ('124m', '1M'
 
 
 def write_run(root, scale, budget, variant, seed, final, best, sat=None, train_loss=1.0, data_dir='',
-              tokens=6400, **summary):
+              tokens=6400, paper_val=0, **summary):
     name = f'{scale}_{study.label(budget)}_{variant}_s{seed}'
     d = os.path.join(root, name)
     os.makedirs(d)
     sats = None if sat is None else [min(1.0, sat * k) for k in (1.8, 1.5, 1.2, 1.0, 0.8, 0.6)]
     cfg = dict(dataset='tiny', data_dir=data_dir, train_tokens=budget, n_layer=2, n_head=2,
-               n_embd=64 if scale == '124m' else 32, norm='dyt' if 'dyt' in variant else 'layernorm')
+               n_embd=64 if scale == '124m' else 32, norm='dyt' if 'dyt' in variant else 'layernorm',
+               paper_val=paper_val)
     with open(os.path.join(d, 'cell.json'), 'w') as f:
         json.dump(dict(name=name, scale=scale, budget=budget, variant=variant, seed=seed, args=[],
                        screen_steps=50), f)
@@ -254,6 +255,34 @@ def test_collapse_counted_tokens_seen_and_saturated_layers(tmp_path):
     scored = report.score_rule(items['intention to treat', 'final'], dict(opts, bootstrap=10))
     sat = next(r for r in scored if r['predictor'] == 'saturation (end)')
     assert (sat['n'], sat['correct']) == (2, 1)
+
+
+def test_published_figures_beside_ours_say_what_is_comparable(tmp_path):
+    """Losses under the study's protocol (paper_val, the paper layout) are compared with the published
+    ones; ours on the fixed val set are shown but marked not comparable; known caveats are noted."""
+    data = tmp_path / 'data'
+    data.mkdir()
+    np.arange(3000, dtype=np.uint16).tofile(data / 'train.bin')
+    np.arange(500, dtype=np.uint16).tofile(data / 'val.bin')
+    (data / 'meta.json').write_text('{"tokenizer": "gpt2", "vocab_size": 50257, "layout": "paper"}')
+    root, d = str(tmp_path / 'grid'), str(data)
+    paper = {('ln', 1): 9.3, ('ln', 2): 9.5, ('dyt', 1): 6.8, ('dyt', 2): 6.7}
+    for (variant, seed), loss in paper.items():  # 64m/1M under the study's protocol
+        write_run(root, '64m', 1_000_000, variant, seed, 3.0, 3.0, data_dir=d, paper_val=3200,
+                  final_val_loss_paper=loss)
+        write_run(root, '124m', 10_000_000, variant, seed, 4.0 + (variant == 'ln'), 4.0, data_dir=d)
+        write_run(root, '64m', None, 'diff' if variant == 'dyt' else 'ln', seed, 3.5, 3.5, data_dir=d)
+    rep = study.main(['report', root, '--analysis=False', '--bootstrap=10'])
+    pub = {(p['figure'], p['scale'], p['budget'], p['variant']): p for p in rep['published']}
+    p = pub['val_loss', '64m', '1M', 'dyt']
+    assert p['protocol'] == 'paper' and p['ours'] == pytest.approx(6.75) and not p['notes']
+    p = pub['change_%', '64m', '1M', 'dyt']
+    assert p['ours'] == pytest.approx(100 * (6.75 - 9.4) / 9.4) and p['protocol'] == 'paper'
+    p = pub['change_%', '124m', '10M', 'dyt']  # -20% on our fixed val: not comparable, and disputed
+    assert p['protocol'] == 'ours' and p['ours'] == pytest.approx(-20.0)
+    assert 'not comparable' in p['notes'][0] and '+6.1% in crossover_predictor.json' in p['notes'][1]
+    assert 'Differential Attention' in ' '.join(pub['val_loss', '64m', 'all', 'diff']['notes'])
+    assert 'not comparable' in open(os.path.join(root, 'report.md')).read()
 
 
 def test_effects_intervals_holm_and_the_sign_flip_by_hand(tmp_path):
@@ -525,6 +554,13 @@ def test_the_repositorys_grids(monkeypatch):
         assert (cfg['dyt_alpha'], cfg['embed_scale']) == ((0.5, True) if ref else (2.0, False))
         assert ('--embed_scale=True' in cell['args'] and '--dyt_alpha=0.5' in cell['args']) == ref
     assert report.baseline('derf') == report.baseline('derf_ref') == 'ln'
+    grid, cells = study.load_grid('config/grid_64m_paper.py')  # the 64m row under the study's protocol
+    assert len(cells) == 36 and grid['out_dir'] == 'out/grid_64m_paper'
+    for cell in cells:
+        cfg = configure(train.DEFAULTS, cell['args'], train.OPTIONAL_TYPES)
+        batch = cfg['batch_size'] * cfg['gradient_accumulation_steps']
+        assert (cfg['data_dir'], cfg['paper_val'], batch, cfg['eval_iters']) == (
+            'data/wikitext103/paper', 3200, 64, 50)  # 3200 = the study's 50 batches of 64
     grid, cells = study.load_grid('config/grid_mini.py')
     assert (len(grid['budgets']) >= 3 and {'ln', 'dyt'} <= set(grid['variants'])
             and len(grid['seeds']) >= 2)
@@ -683,3 +719,41 @@ def test_command_line_help_and_typos(capsys):
                         (['screen', '--max_iter=5'], 'max_iters')):
         with pytest.raises(SystemExit, match=f'did you mean {close}'):
             study.main(argv)
+
+
+def test_best_on_val_is_reported_on_the_test_split(tmp_path, data_dir):
+    """The report's test losses: the final checkpoint and the one picked on val (best.pt), each on the
+    held-out test split, recomputed here window by window (every token predicted once)."""
+    import shutil
+    from checkpoint import load_checkpoint
+    d = tmp_path / 'data'
+    shutil.copytree(data_dir, d)
+    test = np.fromfile(d / 'val.bin', dtype=np.uint16)[::-1].copy()  # tokens no run trains or picks on
+    test.tofile(d / 'test.bin')
+    path = write_grid(tmp_path / 'g.py', str(d), str(tmp_path / 'grid'), variants=['ln', 'dyt'],
+                      seeds=[1, 2], budgets=[64],  # 64 tokens at a constant lr 0.05: best before the end
+                      overrides=dict(max_iters=40, eval_interval=4, learning_rate=0.05, decay_lr=False))
+    assert study.main(['run', path, '--poll=0.2']) == 0
+    rep = study.main(['report', str(tmp_path / 'grid'), '--analysis=False', '--bootstrap=10',
+                      '--test_limit=50'])
+    tokens = torch.from_numpy(test.astype(np.int64))
+    assert {r['status'] for r in rep['runs']} == {'finished'}
+    for r in rep['runs']:
+        for key, name in (('test_final', 'ckpt.pt'), ('test_best', 'best.pt')):
+            model, _ = load_checkpoint(os.path.join(r['dir'], name))
+            total = count = 0
+            with torch.no_grad():
+                for s in range(0, min(len(tokens) - 1, 50 * 16), 16):  # 50 windows of block_size 16
+                    x, y = tokens[s:s + 16], tokens[s + 1:s + 17]
+                    x = x[:len(y)]
+                    total += model(x[None], y[None])[1].item() * len(y)
+                    count += len(y)
+            assert r[key] == pytest.approx(total / count, abs=1e-5)
+    groups = {g['variant']: g for g in rep['groups']}
+    e = groups['dyt']['effect_test_best']
+    assert e['seeds'] == [1, 2] and groups['dyt']['test_best'] == pytest.approx(
+        np.mean([r['test_best'] for r in rep['runs'] if r['variant'] == 'dyt']))
+    assert 'Held-out test split' in open(tmp_path / 'grid' / 'report.md').read()
+    # 64 tokens overfit: the best on val is earlier than the end, and the two test losses differ
+    assert any(r['best_iter'] < r['final_iter'] and r['test_best'] != r['test_final']
+               for r in rep['runs'])

@@ -97,7 +97,7 @@ def test_the_real_format_loads_with_its_shapes_labels_and_channel_order(cifar):
 
 def test_image_data_dims_entropy_and_normalisation(cifar):
     folder, images = cifar
-    cfg = SimpleNamespace(dataset='cifar10', data_dir=str(folder), eval_iters=2, batch_size=8)
+    cfg = SimpleNamespace(dataset='cifar10', data_dir=str(folder), eval_iters=2, batch_size=8, paper_val=0)
     # train.py's data: images, by meta.json's kind; 2 x 8 eval images
     meta, data = open_data(cfg, SimpleNamespace(master=True, ddp=False), 1337)
     assert meta['kind'] == 'images' and data.unit == 'images' and data.n_train == 200
