@@ -380,7 +380,8 @@ def test_losses(runs, opts):
                                                f"{r['name']} {name}", batch_tokens=8192,
                                                device=opts['device'])['loss']
             write_json(cache, res)
-        r.update(test_final=res.get('test_final'), test_best=res.get('test_best'))
+        r.update(test_final=res.get('test_final'), test_best=res.get('test_best'),
+                 test_error=res.get('error'))
 
 # ----------------------------------------------------------------------------------- report.md and plots
 
@@ -535,6 +536,10 @@ def markdown(grid_dir, rows, groups, flips, rule, link, pub, opts):
                       pm(g['test_final'], g['test_final_std']), pm(g['test_best'], g['test_best_std'])]
                      + [effect_cells(g.get(f'effect_{k}'))[1] for k in ('test_final', 'test_best')]
                      for g in tested])
+    elif any(r.get('test_error') for r in rows):
+        md += ['## Held-out test split', '', 'None here: ' + next(r['test_error'] for r in rows
+                                                                    if r.get('test_error')).split(';')[0]
+               + '. The best on val is reported on val only.', '']
     analysed = [g for g in groups if g.get('htsr_alpha') is not None or g.get('erank') is not None]
     if analysed:
         md += ['## Weight spectra and activation rank (final checkpoints, analyze.py)', '']
