@@ -76,7 +76,7 @@ pos = 'learned'  # or 'rope'
 rope_theta = 10000.0
 vocab_size: int | None = None  # None = the dataset's, padded to a multiple of 64 (GPT-2's 50304)
 patch_size = 4  # image data (annex/vit.py): the ViT's patches and pooling, 'cls' or 'mean'
-pool = 'cls'
+pool, vit_as_run = 'cls', False  # vit_as_run: the study's ViT as its code ran (annex/vit.py)
 # AdamW (weight decay on >= 2-D weights only) and the learning-rate schedule
 learning_rate = 2e-3
 max_iters = 300

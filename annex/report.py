@@ -145,6 +145,9 @@ def collect(grid_dir, opts):
                        screen_sat=early['saturation'][AT_2] if early and early['saturation'] else None,
                        screen_iter=early and early['iter'],
                        layers_saturated=sum(v[AT_2] > 0.99 for v in layers) if layers else None)
+            if s.get('images'):  # a ViT: its best test accuracy at the study's eval epochs, as reported
+                from annex.vit import accuracy_at_epochs
+                row['acc_epochs'] = accuracy_at_epochs(d)['best_of_those']
             gap = None if entropy is None or s['final_train_loss'] is None else \
                 entropy - s['final_train_loss']  # nats below the unigram level
             row['near_unigram'] = row['status'] == 'finished' and gap is not None and \
@@ -220,7 +223,7 @@ def summarize(rows):
         g['collapse_rate'] = g['collapsed'] / len(ended) if ended else None
         g['paper_protocol'] = bool(ok) and all(r['paper_protocol'] for r in ok.values())
         for key in ('final', 'final_paper', 'best', 'acc', 'sat', 'screen_sat', 'best_iter',
-                    'htsr_alpha', 'erank', 'test_final', 'test_best'):
+                    'htsr_alpha', 'erank', 'test_final', 'test_best', 'acc_epochs'):
             g[key], g[key + '_std'] = mean_std([r.get(key) for r in ok.values()])
         for key in ('sat', 'screen_sat'):  # every run that ended: the collapsed are the most saturated
             g[key + '_itt'] = mean_std([r.get(key) for r in ended])[0]
@@ -487,7 +490,9 @@ def markdown(grid_dir, rows, groups, flips, rule, link, pub, opts):
                   fmt(g['collapse_rate'], '.0%'),
                   pm(g['final'], g['final_std']),
                   f"{pm(g['best'], g['best_std'])} ({fmt(g['best_iter'], '.0f')})",
-                  fmt(g['val_unigram'], '.4f'), pm(g['acc'], g['acc_std']),
+                  fmt(g['val_unigram'], '.4f'), pm(g['acc'], g['acc_std']) + (
+                      f" (best at epochs 1/25/50/75/100: {g['acc_epochs']:.4f})" if g['acc_epochs']
+                      else ''),
                   f"{fmt(g['sat'], '.3f')} / {fmt(g['screen_sat'], '.3f')}",
                   fmt(g['layers_saturated'], 'd')] for g in groups])
     compared = [g for g in groups if g.get('effect_final') or g.get('effect_best')]

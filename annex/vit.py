@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from data.common import DATA_DIR, DataError, derived_seed, load_meta, to_device
+from data.common import DATA_DIR, DataError, derived_seed, load_meta, read_log, to_device
 from model import GPT, Block, GPTConfig, make_norm
 
 
@@ -30,6 +30,9 @@ class ViTConfig(GPTConfig):
     # 'cls': a learned class token, read out after the final norm (ViT, and DeiT, the DyT paper's vision
     # models); 'mean': the mean of the patches' outputs
     pool: str = 'cls'
+    # the study's ViT as its code ran (config/vit_cifar10_as_run.py): the whole model in bf16, no
+    # autocast; inputs normalised by 0.5/0.5; PyTorch's default init; weight decay on every parameter
+    vit_as_run: bool = False
     block_size: int = field(default=0, init=False)  # tokens per image, from the sizes
     vocab_size: int = field(default=0, init=False)  # no vocabulary
 
@@ -49,9 +52,7 @@ class ViT(nn.Module):
     learned positions -> model.py's blocks, attention non-causal -> final norm -> class token or mean ->
     a linear classifier. Init and weight decay follow timm's ViT (the DyT paper's vision code)."""
     no_decay = ('transformer.wpe.weight',)  # as timm's ViT (the 1-D class token is not decayed either)
-    # GPT's parameter count, AdamW groups and MFU hold for a ViT as they are
-    get_num_params, configure_optimizers, estimate_mfu = GPT.get_num_params, GPT.configure_optimizers, \
-        GPT.estimate_mfu
+    get_num_params, estimate_mfu = GPT.get_num_params, GPT.estimate_mfu  # hold for a ViT as they are
 
     def __init__(self, config):
         super().__init__()
@@ -67,9 +68,20 @@ class ViT(nn.Module):
         scale = torch.full((1,), math.sqrt(config.n_embd))
         self.embed_scale = nn.Parameter(scale) if config.embed_scale else None
         self.head = nn.Linear(config.n_embd, config.n_classes)
-        self.apply(self._init_weights)
-        if self.cls_token is not None:
+        if not config.vit_as_run:  # as run: PyTorch's default init of every Linear and Embedding
+            self.apply(self._init_weights)
+        if self.cls_token is not None:  # a bare parameter has no default init: ours in both modes
             nn.init.normal_(self.cls_token, std=1e-6)
+        if config.vit_as_run:  # the study's model.to(bfloat16): weights, so gradients and AdamW state
+            self.to(torch.bfloat16)
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        """GPT's AdamW groups; as run, weight decay on every parameter (the study's 0.05 on all)."""
+        optimizer = GPT.configure_optimizers(self, weight_decay, learning_rate, betas, device_type)
+        if self.config.vit_as_run:
+            for group in optimizer.param_groups:
+                group['weight_decay'] = weight_decay
+        return optimizer
 
     def _init_weights(self, module):
         """timm's ViT: every linear layer N(0, 0.02), the residual projections too (no GPT-2 depth
@@ -91,10 +103,13 @@ class ViT(nn.Module):
         if (C, H, W) != (self.config.channels, self.config.image_size, self.config.image_size):
             raise ValueError(f"images of shape {(C, H, W)}; this ViT takes "
                              f"{(self.config.channels, self.config.image_size, self.config.image_size)}")
+        if self.config.vit_as_run:  # ImageData's (pixel - mean) / std made the study's (pixel - .5) / .5
+            mean, std = (images.new_tensor(v).view(-1, 1, 1) for v in (ImageData.MEAN, ImageData.STD))
+            images = (images * std + mean - 0.5) / 0.5
         # each patch flattened in (channel, row, column) order, like a convolution kernel; patches row
         # by row
         x = images.unfold(2, p, p).unfold(3, p, p).permute(0, 2, 3, 1, 4, 5).reshape(B, -1, C * p * p)
-        x = self.transformer.patch(x)
+        x = self.transformer.patch(x.to(self.transformer.patch.weight.dtype))  # as run: in bf16
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(B, 1, -1).to(x.dtype), x], dim=1)
         x = x + self.transformer.wpe.weight
@@ -145,6 +160,8 @@ class ImageData:
         """A ViT's model_args from train.py's config (ViTConfig's fields, the image sizes from the data),
         checked before anything is built."""
         args = {f.name: config[f.name] for f in fields(ViTConfig) if f.init and f.name not in self.dims}
+        if not args['vit_as_run']:  # left out unless set: checkpoints from before the mode still resume
+            del args['vit_as_run']
         try:
             ViTConfig(**args, **self.dims)
         except ValueError as e:
@@ -220,3 +237,14 @@ def analysis_images(dataset, data_dir, count, seed):
         raise DataError(f"dataset '{dataset}' is not image data: pass the ViT's --dataset=NAME")
     _, data = open_images(dataset, data_dir, count, seed)
     return data.batch('train', data.eval_ids['train'], 'cpu')[0], data.n_train
+
+
+def accuracy_at_epochs(out_dir, epochs=(1, 25, 50, 75, 100)):
+    """A ViT run's test accuracy at the study's eval epochs (each: the eval in [epoch, epoch + 1), None
+    where the log has none; config/vision.py evaluates every epoch), the best of those (how the study
+    reported LayerNorm's 72.4% and DyT 0.5's 81.2%) and the final (how it reported DyT 2.0's 33.3%)."""
+    evals = read_log(os.path.join(out_dir, 'log.jsonl'), lambda r: r['event'] == 'eval')
+    at = {e: next((r['val_acc'] for r in evals if e <= r['epochs'] < e + 1), None) for e in epochs}
+    found = [a for a in at.values() if a is not None]
+    return {'at_epochs': at, 'best_of_those': max(found, default=None),
+            'final': evals[-1]['val_acc'] if evals else None}

@@ -21,7 +21,7 @@ import sample
 import train
 from annex import eval as eval_script
 from annex import study
-from annex.vit import ViT, ViTConfig, crop_and_flip, open_images
+from annex.vit import ImageData, ViT, ViTConfig, accuracy_at_epochs, crop_and_flip, open_images
 from checkpoint import load_checkpoint
 from configurator import configure
 from data.cifar10.prepare import load
@@ -97,7 +97,8 @@ def test_the_real_format_loads_with_its_shapes_labels_and_channel_order(cifar):
 
 def test_image_data_dims_entropy_and_normalisation(cifar):
     folder, images = cifar
-    cfg = SimpleNamespace(dataset='cifar10', data_dir=str(folder), eval_iters=2, batch_size=8, paper_val=0)
+    cfg = SimpleNamespace(dataset='cifar10', data_dir=str(folder), eval_iters=2, batch_size=8,
+                          paper_val=0)
     # train.py's data: images, by meta.json's kind; 2 x 8 eval images
     meta, data = open_data(cfg, SimpleNamespace(master=True, ddp=False), 1337)
     assert meta['kind'] == 'images' and data.unit == 'images' and data.n_train == 200
@@ -391,3 +392,154 @@ def test_torchrun_two_processes_match_one(cifar, tmp_path):
         a, b = records(one, event), records(two, event)
         assert len(a) == len(b) > 0, key
         assert [r[key] for r in a] == pytest.approx([r[key] for r in b], abs=1e-5), key
+
+
+# -------------------------------------------------------------------------------------------------------
+# the study's ViT as its code ran (vit_as_run, config/vit_cifar10_as_run.py)
+
+LR, WD = 1e-3, 0.05  # the study's
+
+
+def as_run_vit(**kw):
+    torch.manual_seed(0)
+    return ViT(ViTConfig(n_layer=2, n_head=2, n_embd=64, patch_size=8, bias=True, vit_as_run=True, **kw))
+
+
+def adamw_steps(model, steps):
+    """`steps` AdamW steps at the study's lr and weight decay, with the optimizer the model builds."""
+    optimizer = model.configure_optimizers(WD, LR, (0.9, 0.999), 'cpu')
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x, y = torch.randn(8, 3, 32, 32, generator=g), torch.randint(10, (8,), generator=g)
+        model(x, y)[1].backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def test_bf16_spacing_and_adamw_update_sizes_by_hand():
+    bf16 = torch.bfloat16
+    # bf16 keeps 8 significant bits: the spacing is 2^-7 on [1, 2), 2^-8 just below 1, 2^-6 on [2, 4)
+    def step(v, towards):  # the distance to the next bf16 value towards `towards`
+        v = torch.tensor(v, dtype=bf16)
+        return abs((torch.nextafter(v, torch.tensor(towards, dtype=bf16)) - v).item())
+    assert [step(1.0, 9), step(1.0, 0), step(2.0, 9), step(2.0, 0)] == [2**-7, 2**-8, 2**-6, 2**-7]
+    # AdamW's first steps move a parameter by about lr (m / sqrt(v) is about +-1): under half the spacing
+    # on either side of 1.0 (2^-9 = 0.00195) and of 2.0 (2^-8), so the update rounds away
+    assert LR < 2 ** -9 < 2 ** -8
+    for v in (1.0, 2.0):
+        for d in (LR, -LR):
+            assert torch.tensor(v, dtype=bf16).add(d).item() == v
+    # weight decay multiplies by 1 - lr wd = 1 - 5e-5: a relative change under half a bf16 step (2^-9)
+    # at any magnitude, so it is a no-op on every bf16 weight
+    w = torch.randn(10_000, dtype=bf16)
+    assert torch.equal(w * (1 - LR * WD), w) and LR * WD < 2 ** -9
+
+
+@pytest.mark.parametrize('norm', ['layernorm', 'dyt'])
+def test_as_run_in_bf16_adamw_moves_no_gain_nor_alpha_nor_decays_while_fp32_moves_them(norm):
+    """The study's ViT trained its norm parameters frozen: gains at 1.0 and alphas at 2.0 stay where
+    they start under AdamW at lr 1e-3 in bf16, and so does a weight whose gradient is zero (decay alone);
+    the same steps in float32 move them by about lr a step (the first: lr exactly, as g / |g| = +-1)."""
+    gains = ('ln_1.weight', 'ln_2.weight', 'ln_f.weight', '.alpha')
+
+    def frozen(model):
+        return {n: p for n, p in model.named_parameters() if n.endswith(gains)}
+    model = as_run_vit(norm=norm, dyt_alpha=2.0)
+    start = {n: p.detach().clone() for n, p in frozen(model).items()}
+    assert start and all(p.eq(2.0 if n.endswith('alpha') else 1.0).all() for n, p in start.items())
+    head = model.head.weight.detach().clone()
+    adamw_steps(model, 5)
+    for n, p in frozen(model).items():
+        assert torch.equal(p, start[n]), n
+    assert not torch.equal(model.head.weight, head)  # it trains: near 0 the bf16 steps are finer
+    fp32 = as_run_vit(norm=norm, dyt_alpha=2.0).float()
+    adamw_steps(fp32, 1)
+    for n, p in frozen(fp32).items():  # lr x sign(g), plus decay lr wd p (5e-5 or 1e-4)
+        moved = (p.detach() - start[n].float()).abs()
+        assert ((moved - LR).abs() <= 1.1e-4).all(), n
+    # weight decay alone (a zero gradient): a no-op in bf16, (1 - lr wd)^5 in float32
+    for dtype, expected in ((torch.bfloat16, 0.75), (torch.float32, 0.75 * (1 - LR * WD) ** 5)):
+        w = torch.nn.Parameter(torch.full((4,), 0.75, dtype=dtype))
+        optimizer = torch.optim.AdamW([w], lr=LR, weight_decay=WD)
+        for _ in range(5):
+            w.grad = torch.zeros_like(w)
+            optimizer.step()
+        assert w.detach().float().tolist() == pytest.approx([expected] * 4, rel=1e-7)
+    assert 0.75 * (1 - LR * WD) ** 5 < 0.75 - 1e-4  # float32's moved
+
+
+def test_as_run_inputs_are_pixels_normalised_by_half():
+    """ImageData normalises by the dataset's statistics; the as-run ViT's patch embedding reads
+    (pixel / 255 - 0.5) / 0.5, in bf16 (patch_size 32: the one patch is the image flattened)."""
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (6, 3, 32, 32), dtype=np.uint8)
+    labels = np.arange(6) % 10
+    data = ImageData((pixels, labels), (pixels, labels), 4, 0)
+    x, _ = data.batch('val', data.eval_ids['val'], 'cpu')
+    torch.manual_seed(0)
+    model = ViT(ViTConfig(n_layer=1, n_head=2, n_embd=32, patch_size=32, vit_as_run=True))
+    seen = []
+    model.transformer.patch.register_forward_hook(lambda m, args, out: seen.append(args[0]))
+    model(x)
+    expected = torch.from_numpy((pixels / 255.0 - 0.5) / 0.5).reshape(6, 1, -1).to(torch.bfloat16)
+    assert seen[0].dtype == torch.bfloat16
+    torch.testing.assert_close(seen[0], expected, rtol=2 ** -8, atol=2 ** -8)  # within a bf16 step
+
+
+def test_as_run_init_is_pytorchs_default_all_in_bf16_all_decayed():
+    model = as_run_vit(norm='dyt', dyt_alpha=2.0)
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):  # kaiming_uniform(a=sqrt(5)): U(+-1/sqrt(fan_in)), bias
+            bound = 1 / math.sqrt(module.in_features)
+            for p in (module.weight, module.bias):
+                assert p.abs().max() <= bound * (1 + 2 ** -8), name  # bf16 may round up to the bound
+            std = module.weight.float().std().item()
+            assert std == pytest.approx(bound / math.sqrt(3), rel=0.1), name
+            assert module.bias.ne(0).any(), name  # not our zeros
+    assert model.transformer.wpe.weight.float().std().item() == pytest.approx(1.0, rel=0.1)  # N(0, 1)
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    groups = model.configure_optimizers(WD, LR, (0.9, 0.999), 'cpu').param_groups
+    assert all(g['weight_decay'] == WD for g in groups)
+    decayed = sorted(id(p) for g in groups for p in g['params'])
+    assert decayed == sorted(id(p) for p in model.parameters())
+
+
+def test_the_as_run_config_on_top_of_a_vit_config(monkeypatch):
+    monkeypatch.chdir(REPO)
+    cfg = configure(train.DEFAULTS, ['config/vit_cifar10_dyt.py', 'config/vit_cifar10_as_run.py'],
+                    train.OPTIONAL_TYPES)
+    assert (cfg['norm'], cfg['dyt_alpha'], cfg['vit_as_run']) == ('dyt', 0.5, True)
+    assert cfg['dtype'] == 'float32'  # no autocast
+    assert cfg['out_dir'] == 'out/vit_cifar10_dyt_as_run'
+    assert (cfg['learning_rate'], cfg['weight_decay'], cfg['warmup_iters'], cfg['min_lr']) == (
+        1e-3, 0.05, 0, 0)
+    # an eval in [epoch, epoch + 1) for each of the study's epochs, the last at the end (100 epochs)
+    epochs = lambda it: it * 128 / 50_000
+    assert all(k <= epochs(k * cfg['eval_interval']) < k + 1 for k in (1, 25, 50, 75))
+    assert 100 <= epochs(cfg['max_iters']) < 101
+
+
+def test_accuracy_at_epochs_picks_the_studys_evals_from_the_log(tmp_path):
+    evals = ((0, 0.1), (1.001, 0.4), (2.002, 0.5), (25.02, 0.8), (26.03, 0.9), (50.05, 0.7))
+    lines = [json.dumps({'event': 'eval', 'epochs': e, 'val_acc': a}) for e, a in evals]
+    lines.insert(2, json.dumps({'event': 'step', 'epochs': 1.5}))
+    (tmp_path / 'log.jsonl').write_text('\n'.join(lines) + '\n{"torn')
+    # 26.03's 0.9 is not at a study epoch; no eval at 75 or 100 (a run stopped early)
+    assert accuracy_at_epochs(tmp_path) == {
+        'at_epochs': {1: 0.4, 25: 0.8, 50: 0.7, 75: None, 100: None}, 'best_of_those': 0.8, 'final': 0.7}
+    assert accuracy_at_epochs(tmp_path / 'none') == {
+        'at_epochs': dict.fromkeys((1, 25, 50, 75, 100)), 'best_of_those': None, 'final': None}
+
+
+def test_train_py_trains_the_as_run_vit_in_bf16(cifar, tmp_path):
+    folder, _ = cifar
+    out = tmp_path / 'as_run'  # 10 steps of 20 images: an epoch
+    assert run(folder, out, '--vit_as_run=True', '--dtype=float32', '--max_iters=30',
+               '--norm=dyt') == 0
+    evals = records(out, 'eval')
+    assert evals[-1]['train_loss'] < evals[0]['train_loss'] - 0.3
+    model, _ = load_checkpoint(out)
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert accuracy_at_epochs(out, (1, 2, 3)) == {
+        'at_epochs': {e: evals[e]['val_acc'] for e in (1, 2, 3)},
+        'best_of_those': max(r['val_acc'] for r in evals[1:]), 'final': evals[-1]['val_acc']}
