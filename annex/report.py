@@ -93,19 +93,20 @@ PAPER_CELLS_OTHER = {('124m', '10M'): dict(change=6.1), ('354m', '1M'): dict(sat
 def budget_reference(dataset, data_dir, train_tokens):
     """The unigram levels of a train budget, from the data: {'entropy': of its token frequencies,
     'n_train': its tokens, 'val_unigram': the val loss of predicting those frequencies (add-one smoothed
-    over the vocabulary)}; None when the data is not here or is not tokens."""
+    over the vocabulary), 'layout' (its tokenization)}; None when the data is not here or not tokens."""
     try:
-        if load_meta(dataset, data_dir).get('kind', 'tokens') != 'tokens':
+        meta = load_meta(dataset, data_dir)
+        if meta['kind'] != 'tokens':
             return None
         train = load_split(dataset, 'train', data_dir)[:train_tokens]
-        val, vocab = load_split(dataset, 'val', data_dir), load_meta(dataset, data_dir)['vocab_size']
+        val = load_split(dataset, 'val', data_dir)
     except DataError:  # the report then falls back on what train.py recorded
         return None
-    counts = token_counts(train, vocab)
+    counts = token_counts(train, meta['vocab_size'])
     logp = np.log(counts + 1.0) - math.log(len(train) + len(counts))
     val_unigram = -float(np.mean(logp[np.asarray(val)])) if len(val) else None
     return dict(entropy=entropy_of(counts), n_train=len(train), val_unigram=val_unigram,
-                layout=load_meta(dataset, data_dir).get('layout', 'file'))
+                layout=meta.get('layout', 'file'))
 
 
 def collect(grid_dir, opts):
