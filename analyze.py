@@ -16,7 +16,8 @@ Measure what the study's explanation rests on (Verma 2026; docs/analysis.md), fo
 Options (--key=value): ckpt (latest|best: a directory's ckpt.pt or best.pt), windows, seed, block_size (0 =
 the model's), batch_size, device, min_evals, max_evals, max_n (skip weights whose long side exceeds it),
 dataset and data_dir (where the train split is read), train_tokens (windows in the first N train tokens; -1 =
-the model's budget, 0 = all), json=FILE (schema in docs/analysis.md), plot=DIR (annex/plots.py, matplotlib).
+the model's budget: its prefix, or its budget_docs subset; 0 = all), json=FILE (schema in docs/analysis.md),
+plot=DIR (annex/plots.py, matplotlib).
 The windows are the first of those train.py measures saturation on (data.common.random_windows).
 """
 import difflib
@@ -31,7 +32,7 @@ import torch
 import norm_stats
 from checkpoint import CHECKPOINTS, checkpoint_file, load_checkpoint
 from configurator import annex, configure, pick_device, split_args
-from data.common import DataError, load_split, random_windows, write_json
+from data.common import DataError, budget_tokens, eot_id, load_meta, load_split, random_windows, write_json
 
 COMMANDS = ("saturation", "spectra", "rank", "alpha", "all")
 DEFAULTS = dict(ckpt="latest", windows=50, seed=1337, block_size=0, batch_size=10, device="auto",
@@ -197,7 +198,8 @@ def alpha_vs_std(stats):
 
 def measurement_windows(model, ckpt, opts):
     """The fixed random windows the forward measurements use: from the train split, inside the checkpoint's
-    data budget (its train_tokens prefix: what the model was trained on) unless --train_tokens says otherwise.
+    data budget (its train_tokens prefix, or its budget_docs subset: what the model was trained on) unless
+    --train_tokens says otherwise.
     For a ViT: `windows` train images, those train.py evaluates on when the seed is its EVAL_SEED (1337)."""
     cfg = ckpt.get("config", {})
     dataset = opts["dataset"] or cfg.get("dataset")
@@ -215,12 +217,14 @@ def measurement_windows(model, ckpt, opts):
     if block_size > model.config.block_size:
         raise SystemExit(f"analyze.py: --block_size={block_size} exceeds the model's "
                          f"{model.config.block_size}")
+    own = opts["train_tokens"] < 0  # the model's budget: its prefix, or its subset of documents
+    budget = cfg.get("train_tokens") if own else opts["train_tokens"] or None
     try:
         data = load_split(dataset, "train", data_dir)
+        data = budget_tokens(data, budget, cfg.get("budget_docs") if own else None,
+                             eot_id(load_meta(dataset, data_dir)))
     except DataError as e:
         raise SystemExit(f"analyze.py: {e}{elsewhere}") from None
-    budget = cfg.get("train_tokens") if opts["train_tokens"] < 0 else opts["train_tokens"]
-    data = data[:budget] if budget else data
     try:
         windows = sample_windows(data, opts["windows"], block_size, opts["seed"])
     except DataError as e:

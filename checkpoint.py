@@ -1,16 +1,20 @@
 """
 A run's files. Checkpoints, one torch.save file each ('model' and 'model_args'; from train.py also
 'optimizer', 'config', 'iter_num', the best val loss, the divergence guard, the last eval, the sampler): how
-every script loads one, how train.py writes them (gathered from FSDP shards too) and resumes. And
-config.json, log.jsonl, summary.json.
+every script loads one (its CRC-32s checked), how train.py writes them (gathered from FSDP shards too) and
+resumes. A big multi-process run's sharded checkpoints (ckpt.dcp/) are annex/cluster.py's. And config.json,
+log.jsonl, summary.json.
 """
 import json
 import os
 import pickle
+import re
 import shutil
+import sys
 import zipfile
 
 import torch
+import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict, set_model_state_dict,
                                                      set_optimizer_state_dict)
@@ -20,6 +24,7 @@ from data.common import atomic_write, read_log, write_json
 from model import GPT, GPTConfig
 
 CHECKPOINTS = {'latest': 'ckpt.pt', 'best': 'best.pt'}  # a run's checkpoints, by the names users pick
+SHARDED = {'latest': 'ckpt.dcp', 'best': 'best.dcp'}  # the same, as folders of shards (annex/cluster.py)
 LOOP_STATE = ('iter_num', 'best_val_loss', 'best_iter', 'guard', 'last_eval')  # what train.py's loop resumes
 
 
@@ -30,14 +35,26 @@ def checkpoint_file(path, which='latest'):
     return os.path.join(path, CHECKPOINTS[which]) if os.path.isdir(path) else str(path)
 
 
-def load_checkpoint(path, device='cpu', which='latest', language_model=False):
+def load_checkpoint(path, device='cpu', which='latest', language_model=False, verify=True):
     """A train.py (or nanoGPT) checkpoint -> (model in eval mode, checkpoint dict); errors say what is wrong.
+    verify: every byte read against the archive's CRC-32s first (torch.load does not check them).
     device='meta' checks keys and shapes without a copy of the weights: the file is memory-mapped."""
     path = checkpoint_file(path, which)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"no checkpoint at {path}: give a run's out_dir or its ckpt.pt / best.pt "
-                                "(train one with `python train.py`)")
+        folder = os.path.join(os.path.dirname(path), SHARDED[which])
+        how = f"export it first: python annex/cluster.py export {os.path.dirname(path)}" + (
+            ' --which=best' if which == 'best' else '') if os.path.isdir(folder) else \
+            "give a run's out_dir or its ckpt.pt / best.pt (train one with `python train.py`)"
+        raise FileNotFoundError(f"no checkpoint at {path}: {how}")
     device = pick_device(device)
+    try:
+        damaged = verify and zipfile.is_zipfile(path) and zipfile.ZipFile(path).testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        damaged = f'({type(e).__name__}: {e})'
+    if damaged:
+        raise ValueError(f"checkpoint {path} is damaged: {damaged} fails its CRC-32 check (bytes changed on "
+                         "disk or in a copy). Copy it again, or use the run's other checkpoint (ckpt.pt / "
+                         "best.pt)")
     try:
         ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)  # mmap: no second copy
     except Exception as e:  # PyTorch's own message suggests save options that do not apply here
@@ -132,15 +149,41 @@ def save_checkpoint(state, out_dir, best=False):
                 atomic_write(final, lambda f: shutil.copyfileobj(src, f, 1 << 24))
 
 
+def save_run(model, optimizer, fields, out_dir, env, best=False, sharded=None):
+    """train.py's checkpoint, by every process: ckpt.pt that rank 0 writes from the state gathered from all
+    (FSDP), or, with `sharded` (annex/cluster.py), ckpt.dcp/ that each writes its part of. A failure
+    anywhere (disk full, quota) ends every process at once: none waits in a collective for an hour."""
+    error = None
+    try:
+        if sharded:
+            sharded.save_sharded(model, optimizer, fields, out_dir, best, env)
+        else:
+            state = training_state(model, optimizer, **fields)
+            if env.master:
+                save_checkpoint(state, out_dir, best=best)
+    except Exception as e:
+        error = f'{type(e).__name__}: {e}'
+        print(f'rank {env.rank}: could not save the checkpoint: {error}', file=sys.stderr)
+    if any_failed(env, error):
+        where = error or 'on another process'
+        raise SystemExit(f"error: checkpoint at iter {fields['iter_num']} not saved ({where}); the last one "
+                         'saved is intact')
+
+
 def read_resume_checkpoint(cfg, model_args, n_train, master):
-    """The checkpoint to resume from, checked against the config (on every process: memory-mapped, no copy);
-    'complete' when the run in out_dir has already ended at max_iters."""
+    """The checkpoint to resume from, checked against the config (on every process: memory-mapped, no copy;
+    its CRC-32s by rank 0); 'complete' when the run in out_dir has already ended at max_iters. A sharded one
+    (ckpt.dcp/) first: without its weights, which load_training_state reads."""
     path = checkpoint_file(cfg.out_dir)
     try:  # clear errors for a missing, corrupt or foreign file (checked on 'meta': no copy)
-        _, ckpt = load_checkpoint(path, device='meta')
+        if os.path.isdir(folder := os.path.join(cfg.out_dir, SHARDED['latest'])):
+            path, ckpt = folder, annex('cluster', 'a sharded checkpoint (ckpt.dcp)').read_fields(folder)
+        else:
+            _, ckpt = load_checkpoint(path, device='meta', verify=master)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: init_from='resume': {e}") from None
-    missing = [k for k in ('optimizer', 'config', *LOOP_STATE, 'sampler') if k not in ckpt]
+    missing = [k for k in ('config', *LOOP_STATE, 'sampler', 'sharded' if 'sharded' in ckpt else 'optimizer')
+               if k not in ckpt]
     if missing:
         raise SystemExit(f"error: {path} lacks {', '.join(missing)}: it was not written by this train.py "
                          "and cannot be resumed exactly; start a new run in a new out_dir")
@@ -156,10 +199,12 @@ def read_resume_checkpoint(cfg, model_args, n_train, master):
     if ckpt['config'].get('dataset') != cfg.dataset:
         notes.append(f"warning: resuming a run trained on dataset {ckpt['config'].get('dataset')!r} "
                      f"with dataset {cfg.dataset!r}")
-    seed, budget = ckpt['sampler']['seed'], ckpt['sampler']['train_tokens']
-    if (seed, budget) != (cfg.seed, n_train):
-        notes.append(f"warning: resuming with seed/train_tokens {cfg.seed}/{n_train:,} where the checkpoint "
-                     f"has {seed}/{budget:,}: the data order changes")
+    sampler = ckpt['sampler']
+    if (sampler['seed'], sampler['train_tokens'], sampler.get('budget_docs')) != (
+            cfg.seed, n_train, cfg.budget_docs):
+        notes.append(f"warning: resuming with seed/train_tokens/budget_docs {cfg.seed}/{n_train:,}/"
+                     f"{cfg.budget_docs} where the checkpoint has {sampler['seed']}/"
+                     f"{sampler['train_tokens']:,}/{sampler.get('budget_docs')}: the data order changes")
     if master and notes:
         print('\n'.join(notes))
     if ckpt['iter_num'] >= cfg.max_iters and not cfg.eval_only and os.path.exists(
@@ -172,12 +217,16 @@ def read_resume_checkpoint(cfg, model_args, n_train, master):
 
 
 def load_training_state(raw, optimizer, ckpt, env):
-    """Weights and optimizer state of a resumed run (rank 0 reads them and broadcasts them), and its loop
-    state: iter_num, best_val_loss, best_iter, guard, last_eval, wall_time_s."""
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=env.ddp)
-    keep = not env.ddp or env.master
-    set_model_state_dict(raw, ckpt['model'] if keep else {}, options=options)
-    set_optimizer_state_dict(raw, optimizer, ckpt['optimizer'] if keep else {}, options=options)
+    """Weights and optimizer state of a resumed run (rank 0 reads them and broadcasts them; from a sharded
+    checkpoint each process reads its part), and its loop state: iter_num, best_val_loss, best_iter, guard,
+    last_eval, wall_time_s."""
+    if 'sharded' in ckpt:
+        annex('cluster').load_sharded(raw, optimizer, ckpt['sharded'], env)
+    else:
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=env.ddp)
+        keep = not env.ddp or env.master
+        set_model_state_dict(raw, ckpt['model'] if keep else {}, options=options)
+        set_optimizer_state_dict(raw, optimizer, ckpt['optimizer'] if keep else {}, options=options)
     return [ckpt[k] for k in LOOP_STATE] + [ckpt.get('wall_time_s', 0.0)]
 
 
@@ -189,6 +238,8 @@ def prepare_run_dir(out_dir, config, resume_iter=None):
         for name in (*CHECKPOINTS.values(), 'summary.json'):
             if os.path.exists(os.path.join(out_dir, name)):
                 os.remove(os.path.join(out_dir, name))
+        for name in SHARDED.values():
+            shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
     write_json(os.path.join(out_dir, 'config.json'), config)
     log_path = os.path.join(out_dir, 'log.jsonl')
     kept = [] if resume_iter is None else read_log(log_path, lambda r: r['iter'] < resume_iter or (
@@ -197,6 +248,52 @@ def prepare_run_dir(out_dir, config, resume_iter=None):
     if config.get('wandb_log'):
         import wandb
         wandb.init(project=config['wandb_project'], name=config['wandb_run_name'], config=config)
+
+
+def clear_stale(out_dir):
+    """Remove what an interrupted save left in out_dir (its name changes with each requeue, so nothing else
+    would): ckpt.pt.tmp<pid>, best.pt.tmp<pid>, *.dcp.tmp/; a sharded checkpoint caught between its two
+    renames is put back (ckpt.dcp.old -> ckpt.dcp)."""
+    for name in os.listdir(out_dir) if os.path.isdir(out_dir) else []:
+        path = os.path.join(out_dir, name)
+        if re.fullmatch(r'(ckpt|best)\.(pt\.tmp\d+|dcp\.tmp)', name):
+            print(f'removing {path}: left by an interrupted save')
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+        elif re.fullmatch(r'(ckpt|best)\.dcp\.old', name):
+            if os.path.exists(path[:-4]):
+                shutil.rmtree(path)
+            else:
+                os.replace(path, path[:-4])
+
+
+def check_room(out_dir, n_bytes, gathered):
+    """Why saving a checkpoint of n_bytes would fail, or None: too little free disk for three (best, latest
+    and the one being written, until it replaces the latest), or, when gathered into one process, too little
+    host RAM (Linux's MemAvailable) to hold it."""
+    have = sum(os.path.exists(os.path.join(out_dir, n)) for n in CHECKPOINTS.values())
+    free = shutil.disk_usage(out_dir).free
+    if free < (3 - have) * n_bytes:
+        return (f'{out_dir} has {free / 2**30:.1f} GiB free; its checkpoints need '
+                f'{(3 - have) * n_bytes / 2**30:.1f} GiB more ({n_bytes / 2**30:.1f} GiB each: best, latest '
+                'and the next). Free space or choose another out_dir')
+    if gathered and os.path.exists('/proc/meminfo'):
+        with open('/proc/meminfo') as f:
+            available = next((int(line.split()[1]) * 1024 for line in f
+                              if line.startswith('MemAvailable:')), None)
+        if available is not None and available < n_bytes:
+            return (f'rank 0 has {available / 2**30:.1f} GiB of host RAM available, too little to gather a '
+                    f'{n_bytes / 2**30:.1f} GiB checkpoint; free memory, or save shards: '
+                    '--shard_checkpoints_above=0')
+    return None
+
+
+def any_failed(env, error):
+    """Whether any process has an error (each passes its own, or None): all of them learn it at once, so none
+    waits in a collective for a process that has left."""
+    flag = torch.full((), float(bool(error)), device=env.device)
+    if env.ddp:
+        dist.all_reduce(flag)
+    return flag.item() > 0
 
 
 def append_log(out_dir, record, wandb_log=False):

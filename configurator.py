@@ -3,7 +3,7 @@ nanoGPT's configuration convention, for every script: `python train.py config/gp
 The script's defaults, then each config file (Python run on top of them; names starting with '_', modules and
 functions are not keys), then each --key=value, read as a Python literal (a bare word, and any value of a
 string key, stays a string). Unknown keys and wrong types are errors that name the closest keys; --help lists
-them. Also here: the device and dtype keys, train.py's checks, and the annexes an option needs.
+them. Also here: the device and dtype keys, train.py's checks and processes, and the annexes an option needs.
 """
 import ast
 import difflib
@@ -11,14 +11,19 @@ import importlib
 import importlib.util
 import inspect
 import os
+import signal
 import sys
 import types
 from contextlib import nullcontext
 from dataclasses import fields
+from datetime import timedelta
+from types import SimpleNamespace
 
 import torch
+import torch.distributed as dist
 
 PLAIN = (int, float, bool, str, type(None))
+LONG_TIMEOUT = 3600  # seconds collectives wait until the first step is done (compiled), and around saves
 
 
 def config_keys(namespace):
@@ -140,7 +145,8 @@ def resolve(cfg, world):
     cfg.backend = cfg.backend or ('nccl' if cfg.device.startswith('cuda') else 'gloo')
     if cfg.fsdp:
         annex('cluster', 'fsdp=True')  # said before anything starts, where a fork has deleted it
-    has_run = os.path.exists(os.path.join(cfg.out_dir, 'ckpt.pt'))
+    has_run = any(os.path.exists(os.path.join(cfg.out_dir, name))
+                  for name in ('ckpt.pt', 'ckpt.dcp', 'ckpt.dcp.old'))
     if cfg.init_from == 'auto':
         cfg.init_from = 'resume' if has_run else 'scratch'
     checks = [(cfg.init_from in ('scratch', 'resume'), "init_from must be 'scratch', 'resume' or 'auto'"),
@@ -170,6 +176,45 @@ def resolve(cfg, world):
     for ok, message in checks:
         if not ok:
             raise SystemExit(f'error: {message}')
+
+
+def setup(cfg, stop_signals):
+    """train.py's processes (torchrun's, or srun's via annex/cluster.py), device, precision, and the stop
+    signals that set env.stop; cfg completed and checked (resolve)."""
+    if cfg.launcher not in (None, 'srun'):
+        raise SystemExit(f"error: launcher={cfg.launcher!r}: use 'srun' or None (torchrun, or one process)")
+    if cfg.launcher:  # only when asked: a job's Slurm variables alone do not make a process one of many
+        annex('cluster', 'launcher=srun').srun_environment()
+    ddp = 'RANK' in os.environ
+    rank, local_rank = int(os.environ.get('RANK', 0)), int(os.environ.get('LOCAL_RANK', 0))
+    world = int(os.environ.get('WORLD_SIZE', 1))
+    resolve(cfg, world)
+    device = cfg.device
+    if ddp:
+        if device.startswith('cuda'):  # modulo: Slurm may show each task only its own GPU
+            device = f'cuda:{local_rank % torch.cuda.device_count()}'
+            torch.cuda.set_device(device)
+            os.environ.setdefault('TORCH_NCCL_TRACE_BUFFER_SIZE', '2000')  # the flight recorder: on a timeout
+            os.environ.setdefault('TORCH_NCCL_DUMP_ON_TIMEOUT', '1')  # each rank dumps what it waited for
+        dist.init_process_group(backend=cfg.backend, timeout=timedelta(seconds=LONG_TIMEOUT))
+    env = SimpleNamespace(ddp=ddp, fsdp=cfg.fsdp and ddp, rank=rank, local_rank=local_rank, world=world,
+                          master=rank == 0, device=device, device_type=device.split(':')[0], groups=[None],
+                          ptdtype=getattr(torch, cfg.dtype), ctx=precision(device, cfg.dtype)[1], stop=[])
+
+    def request_stop(signum, frame):  # acted on at the next step, by every process at once
+        env.stop.append(signal.Signals(signum).name)
+        if signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C aborts at once
+    for sig in stop_signals:
+        signal.signal(sig, request_stop)
+    return env
+
+
+def set_timeout(env, seconds):
+    """How long collectives wait for a lost process before failing (torchtitan's way: long while compiling
+    and writing checkpoints, short for steps). env.groups: the default group, and HSDP's mesh groups."""
+    for group in env.groups if env.ddp else []:
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds), group)
 
 
 def annex(name, needed_by=None):

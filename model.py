@@ -323,7 +323,8 @@ class GPT(nn.Module):
 
     def head_loss(self, x, targets):  # apart from forward: FSDP compiles it on its own (annex/cluster.py)
         logits = self.lm_head(x)
-        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        wide = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fsdp_bf16's: an fp32 loss
+        return logits, F.cross_entropy(wide.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         """AdamW, weight decay on >= 2-D weights only (not on norm gains, alphas, lambdas, biases)."""

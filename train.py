@@ -11,12 +11,10 @@ Exit status 0 finished, 3 diverged, 4 stopped, 1 error. Annexes where needed: an
 """
 import gc
 import math
-import os
 import signal
 import sys
 import time
 from dataclasses import fields
-from datetime import timedelta
 from types import SimpleNamespace
 
 import torch
@@ -24,9 +22,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import norm_stats
-from checkpoint import (append_log, build_model, load_training_state, prepare_run_dir, read_resume_checkpoint,
-                        save_checkpoint, training_state, write_summary)
-from configurator import annex, config_keys, configure, precision, resolve
+from checkpoint import (any_failed, append_log, build_model, check_room, clear_stale, load_training_state,
+                        prepare_run_dir, read_resume_checkpoint, save_run, write_summary)
+from configurator import LONG_TIMEOUT, annex, config_keys, configure, set_timeout, setup
 from data.common import derived_seed, micro_batches, open_data
 from model import GPTConfig
 
@@ -49,6 +47,7 @@ wandb_run_name = 'run'
 dataset = 'pydocs'
 data_dir: str | None = None  # the folder with train.bin, val.bin and meta.json; None = data/<dataset>
 train_tokens: int | None = None  # the data budget: windows in the first train_tokens train tokens; None = all
+budget_docs: int | None = None  # an int: the budget is a random subset of whole documents, from this seed
 val_tokens: int | None = None  # evaluate on the first val_tokens val tokens (for every budget); None = all
 paper_val = 0  # > 0: also log val_loss_paper, the study's protocol (README): this many windows, redrawn
 tiktoken_file: str | None = None  # a GPT-2 .tiktoken ranks file for offline machines (sample.py reads it too)
@@ -96,7 +95,11 @@ compile = False
 backend: str | None = None  # torch.distributed's; None = 'nccl' on CUDA, 'gloo' otherwise
 fsdp = False  # under torchrun: shard weights, gradients and AdamW state with FSDP2 (the 3.78b configs)
 fsdp_shard = 0  # HSDP: shard within groups of this many processes (a node's GPUs), replicate across; 0 = all
+fsdp_bf16 = False  # FSDP: bf16 weight gathers, fp32 gradient reduces (torchtitan's); False: DDP's numbers
 peak_flops: float | None = None  # the device's peak FLOP/s for MFU; None = by GPU name (annex/memory.py)
+launcher: str | None = None  # 'srun': one process per srun task (annex/cluster.py); None = torchrun's, or one
+step_timeout = 600  # seconds a step's collectives wait for a lost process (checkpoint writes: 1 hour)
+shard_checkpoints_above = 1e9  # parameters: a bigger multi-process run saves per-process shards (ckpt.dcp/)
 seed = 1337
 # ------------------------------------------------------------------------------------------------------------
 DEFAULTS, OPTIONAL_TYPES = config_keys(globals())
@@ -122,7 +125,7 @@ def main(argv):
     cfg = SimpleNamespace(**configure(DEFAULTS, argv, OPTIONAL_TYPES, __doc__))
     handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     try:
-        status = train(cfg, env := setup(cfg))
+        status = train(cfg, env := setup(cfg, STOP_SIGNALS))
         if env.ddp:
             gc.collect()  # the model freed before its process group (FSDP hooks hold cycles), or gloo aborts
             dist.destroy_process_group()
@@ -138,6 +141,10 @@ def train(cfg, env):
     model_args = data.model_args(config) if data.unit == 'images' else {  # a ViT: annex/vit.py's fields
         f.name: config[f.name] for f in fields(GPTConfig)}
     resume = cfg.init_from == 'resume'
+    if env.master and not cfg.eval_only:
+        clear_stale(cfg.out_dir)  # what an interrupted save left
+    if env.ddp:
+        dist.barrier()
     ckpt = read_resume_checkpoint(cfg, model_args, data.n_train, env.master) if resume else None
     if ckpt == 'complete':  # the run in out_dir has ended: its files are left as they are
         return 0
@@ -161,6 +168,8 @@ def train(cfg, env):
         model = torch.compile(ddp or raw) if cfg.compile else ddp or raw
     optimizer = raw.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
                                          env.device_type)
+    n_params = sum(p.numel() for p in raw.parameters())  # what a checkpoint holds (get_num_params drops some)
+    sharded = env.ddp and n_params > cfg.shard_checkpoints_above and annex('cluster', 'sharded checkpoints')
     iter_num, best_val_loss, best_iter, guard, last_eval, wall_time = 0, float('inf'), None, {}, None, 0.0
     if ckpt:
         state = load_training_state(raw, optimizer, ckpt, env)
@@ -179,22 +188,23 @@ def train(cfg, env):
     writing = env.master and not cfg.eval_only
     if writing:  # config.json, log.jsonl cut back to the checkpoint (and a wandb run)
         prepare_run_dir(cfg.out_dir, config, iter_num if resume else None)
+    problem = writing and check_room(cfg.out_dir, 12 * n_params, gathered=not sharded)  # fp32 weights, AdamW
+    if any_failed(env, problem):  # said now, not after the first hours of training
+        raise SystemExit(f"error: {problem or 'rank 0 cannot save checkpoints (its message says why)'}")
 
     def log(record):  # a line of log.jsonl (and a wandb step)
         if writing:
             append_log(cfg.out_dir, record, cfg.wandb_log)
 
-    def save(best=False):  # ckpt.pt (and best.pt); iter_num is the next step to run. Every process calls it
-        state = training_state(
-            raw, optimizer, model_args=model_args, config=config, tokenizer=meta.get('tokenizer'),
-            iter_num=iter_num, best_val_loss=best_val_loss, best_iter=best_iter, guard=guard,
-            last_eval=last_eval, wall_time_s=wall_time + time.time() - t_start,  # data order, crops and
-            sampler=dict(seed=cfg.seed, train_tokens=data.n_train, block_size=cfg.block_size,  # dropout
-                         eval_seed=EVAL_SEED))  # are functions of (seed, step): the sampler's whole state
-        if writing:
-            save_checkpoint(state, cfg.out_dir, best=best)
-        if env.ddp:
-            dist.barrier()  # the others wait while rank 0 writes
+    def save(best=False):  # ckpt.pt or ckpt.dcp/ (and best); iter_num: the next step. Every process calls it
+        fields = dict(model_args=model_args, config=config, tokenizer=meta.get('tokenizer'),
+                      iter_num=iter_num, best_val_loss=best_val_loss, best_iter=best_iter, guard=guard,
+                      last_eval=last_eval, wall_time_s=wall_time + time.time() - t_start,  # data order, crops
+                      sampler=dict(seed=cfg.seed, train_tokens=data.n_train, block_size=cfg.block_size,  # and
+                                   budget_docs=cfg.budget_docs, eval_seed=EVAL_SEED))  # dropout: (seed, step)
+        set_timeout(env, LONG_TIMEOUT)  # rank 0 may write 45 GB while the others wait
+        save_run(raw, optimizer, fields, cfg.out_dir, env, best, sharded)  # a failure ends every process
+        set_timeout(env, cfg.step_timeout if iter_num > start_iter else LONG_TIMEOUT)
 
     def micro_batch(windows, k):  # this process's k-th micro-batch of a step's windows, on the device
         first, count = parts[k]
@@ -208,7 +218,7 @@ def train(cfg, env):
         every = (iter_num < cfg.warmup_iters and cfg.eval_interval_warmup) or cfg.eval_interval
         if cfg.eval_only or (iter_num % every == 0 or iter_num >= cfg.max_iters) and not (
                 iter_num == start_iter and resume):  # a resumed step's eval is in the log already
-            ev = evaluate(cfg, env, raw, data, iter_num)
+            ev = evaluate(cfg, env, raw, model, data, iter_num)
             if not (math.isfinite(ev['train_loss']) and math.isfinite(ev['val_loss'])):
                 reason = f"non-finite eval loss at iter {iter_num} (train {ev['train_loss']}, val " \
                          f"{ev['val_loss']})"
@@ -227,8 +237,8 @@ def train(cfg, env):
                       f"{sat or ''}", *(f'  warning: {w}' for w in ev['warnings']), sep='\n')
             if cfg.eval_only:
                 break
-            if cfg.always_save_checkpoint or improved or iter_num >= cfg.max_iters:
-                save(best=improved)
+            if (cfg.always_save_checkpoint or improved) and iter_num > 0 or iter_num >= cfg.max_iters:
+                save(best=improved)  # not at step 0: the seed rebuilds it
                 saved = True
             t_log, steps_since_log = time.time(), 0  # throughput leaves out evaluation and checkpoints
         if iter_num >= cfg.max_iters:
@@ -249,6 +259,8 @@ def train(cfg, env):
         for k, (first, count) in enumerate(parts):
             if ddp:  # DDP all-reduces the gradients after the last micro-step only
                 ddp.require_backward_grad_sync = k == len(parts) - 1
+            elif env.fsdp:  # HSDP: reduce-scatter every micro-step, all-reduce across nodes after the last
+                raw.set_requires_all_reduce(k == len(parts) - 1)
             with env.ctx:
                 _, loss = model(*batch)
             # the next micro-batch (or the next step's first) is copied while the backward runs, as in nanoGPT
@@ -264,11 +276,13 @@ def train(cfg, env):
         grad_norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip or float('inf'))
         if hasattr(grad_norm, 'full_tensor'):  # FSDP: a DTensor
             grad_norm = grad_norm.full_tensor()
-        flags = torch.stack([loss_sum, grad_norm.float() / env.world,
-                             torch.tensor(float(bool(env.stop)), device=env.device)])
+        flags = torch.stack([loss_sum, grad_norm.float() / env.world,  # torch.full: a fill, no blocking copy
+                             torch.full((), float(bool(env.stop)), device=env.device)])
         if env.ddp:
             dist.all_reduce(flags)
         loss, grad_norm, stop = flags.tolist()  # the step's one host sync; the same on every process
+        if iter_num == start_iter:  # compiled: from now on a lost process fails the job in minutes
+            set_timeout(env, cfg.step_timeout)
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             reason = f'non-finite loss ({loss}) or gradient norm ({grad_norm}) at iter {iter_num}'
         elif cfg.spike_factor and guard.get('best_ema') and loss > cfg.spike_factor * guard['best_ema']:
@@ -284,7 +298,7 @@ def train(cfg, env):
         if iter_num % cfg.log_interval == 0 or iter_num + 1 == cfg.max_iters:
             dt = (time.time() - t_log) / steps_since_log if timed else None  # the first interval compiles
             rate = samples * data.per_sample / dt if dt else None
-            mfu = raw.estimate_mfu(len(parts) * cfg.batch_size, dt, peak) if dt else None
+            mfu = raw.estimate_mfu(sum(count for _, count in parts), dt, peak) if dt else None  # its share
             log({'event': 'step', 'iter': iter_num, 'loss': loss, 'lr': lr, 'grad_norm': grad_norm,
                  **seen(cfg, data, iter_num + 1), f'{data.unit}_per_sec': rate, 'mfu': mfu,
                  'ms_per_iter': dt and 1000 * dt})
@@ -322,41 +336,13 @@ def train(cfg, env):
     return {'finished': 0, 'diverged': EXIT_DIVERGED, 'stopped': EXIT_STOPPED}[status]
 
 
-# ------------------------------------------------------------------------------------- processes and data
-
-def setup(cfg):
-    """Processes (torchrun's, or srun's via annex/cluster.py), device, precision and the stop signals."""
-    if 'RANK' not in os.environ and int(os.environ.get('SLURM_NTASKS', 1)) > 1:  # srun: one task per GPU
-        annex('cluster', 'a run under srun').srun_environment()
-    ddp = 'RANK' in os.environ
-    rank, local_rank = int(os.environ.get('RANK', 0)), int(os.environ.get('LOCAL_RANK', 0))
-    world = int(os.environ.get('WORLD_SIZE', 1))
-    resolve(cfg, world)
-    device = cfg.device
-    if ddp:
-        if device.startswith('cuda'):
-            device = f'cuda:{local_rank}'
-            torch.cuda.set_device(device)
-        dist.init_process_group(backend=cfg.backend, timeout=timedelta(minutes=60))  # rank 0 may write 45 GB
-    env = SimpleNamespace(ddp=ddp, fsdp=cfg.fsdp and ddp, rank=rank, local_rank=local_rank, world=world,
-                          master=rank == 0, device=device, device_type=device.split(':')[0],
-                          ptdtype=getattr(torch, cfg.dtype), ctx=precision(device, cfg.dtype)[1], stop=[])
-
-    def request_stop(signum, frame):  # acted on at the next step, by every process at once
-        env.stop.append(signal.Signals(signum).name)
-        if signum == signal.SIGINT:
-            signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C aborts at once
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, request_stop)
-    return env
-
-
 # ----------------------------------------------------------------------------------------- evaluation, logs
 
 @torch.no_grad()
-def evaluate(cfg, env, raw, data, it):
+def evaluate(cfg, env, raw, model, data, it):
     """Mean loss and accuracy (next token, or class) on each split's fixed eval samples, shared out over the
-    processes; the norm statistics on the train samples (saturation as the study measures it)."""
+    processes, run by `model` (compiled where training is); the norm statistics on the train samples
+    (saturation as the study measures it)."""
     raw.eval()
     result = {}
     for split in ('train', 'val', 'val_paper')[:3 if cfg.paper_val else 2]:
@@ -366,7 +352,7 @@ def evaluate(cfg, env, raw, data, it):
         for first, count in micro_batches(len(ids), env.world, env.rank, cfg.batch_size):
             x, y = data.batch(split, ids[first:first + count], env.device)
             with env.ctx:
-                logits, loss = raw(x, y)
+                logits, loss = model(x, y)
             sums += torch.stack([loss.float() * count, (logits.argmax(-1) == y).sum().float()])
         for t in ([sums] + (norm_stats.sums(raw) if split == 'train' else [])) if env.ddp else []:
             dist.all_reduce(t)

@@ -8,19 +8,25 @@ torch.compile are set as train.py sets them, so that the figures mean what train
     python annex/bench.py --device=cuda --n_layer=12 --n_embd=768 --n_head=12 --block_size=1024 \\
         --compile=True
     python annex/bench.py --vit=True --batch_size=128  # config/vision.py's ViT, in images/s
+    python annex/bench.py --gpu_report=True  # CUDA: tokens/s and MFU at the study's 64m and 124m shapes
     python annex/bench.py --help          # this text, then the keys and their defaults
 """
+import gc
 import os
 import sys
 import time
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from torch.nn import functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as annex/bench.py
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)  # run as annex/bench.py
+from annex.memory import gpu_peak_flops  # noqa: E402
 from annex.vit import ViT, ViTConfig  # noqa: E402
-from configurator import config_keys, configure, pick_device, precision  # noqa: E402
+from configurator import config_keys, configure, pick_device, precision, run_config_file  # noqa: E402
 from model import GPT, NORMS, GPTConfig  # noqa: E402
 
 # -------------------------------------------------------------------------------------------------------
@@ -38,9 +44,16 @@ dtype: str | None = None  # 'float32' or 'bfloat16' (autocast); None = bfloat16 
 compile = False  # torch.compile each model before timing
 # True: the study's ViT (6 layers, 4 heads, width 256, 4x4 patches of 32x32 images) per norm instead
 vit = False
+# True (CUDA only): REPORT_VARIANTS compiled, in tokens/s and MFU, at the shapes, block sizes and
+# micro-batches of REPORT_CONFIGS (the shape keys above are not used)
+gpu_report = False
 # -------------------------------------------------------------------------------------------------------
 DEFAULTS, OPTIONAL_TYPES = config_keys(globals())
 ATTNS = ('standard', 'diff')
+REPORT_CONFIGS = {'64m': 'config/gpt2_64m_ln.py', '124m': 'config/gpt2_124m_ln.py'}
+REPORT_VARIANTS = {'LayerNorm': {}, 'DyT': dict(norm='dyt'), 'Derf': dict(norm='derf'),
+                   'Diff attention (LayerNorm)': dict(attn='diff')}
+DDP_VARIANT = 'LayerNorm, DDP then compile'  # train.py's order under torchrun (here one process)
 
 
 class PlainBlock(nn.Module):
@@ -80,6 +93,67 @@ class PlainGPT(nn.Module):
         return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
+def compiled(models):
+    """torch.compile each model. The GPT variants share GPT.forward's code: each one is a recompile of
+    it, and past the limit (8 by default) dynamo runs the rest eager, with only a warning (newer PyTorch
+    names the limit recompile_limit)."""
+    torch._dynamo.reset()  # a previous set's graphs count too
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, len(models))
+    return {name: torch.compile(model) for name, model in models.items()}
+
+
+def median_step_times(models, x, y, ctx, sync, steps, warmup):
+    """Each model's median forward+backward time in seconds. The models take turns step by step, so
+    that a slow spell of the machine hits each alike; each step ends with sync(), so the clock starts on
+    an idle device."""
+    times = {name: [] for name in models}
+    for i in range(warmup + steps):
+        for name, model in models.items():
+            t0 = time.perf_counter()
+            model.zero_grad(set_to_none=True)
+            with ctx:
+                _, loss = model(x, y)
+            loss.backward()
+            sync()
+            if i >= warmup:
+                times[name].append(time.perf_counter() - t0)
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+
+
+def print_gpu_report(cfg, dev, dtype, ctx):
+    """A markdown table: tokens/s and MFU of REPORT_VARIANTS, and of LayerNorm wrapped in DDP before
+    compile, at each of REPORT_CONFIGS' shapes, with its block size, micro-batch and GPT-2's
+    vocabulary."""
+    gpu = torch.device(dev).index or 0  # 'cuda': the first GPU
+    torch.cuda.set_device(gpu)  # NCCL's and DDP's
+    dist.init_process_group('nccl', store=dist.HashStore(), rank=0, world_size=1)  # DDP of one process
+    peak = gpu_peak_flops(dev, dtype)  # train.py's; None for a GPU not in annex/memory.py's table
+    print(f"{torch.cuda.get_device_name(dev)}, {dtype}, compiled; median of {cfg['steps']} steps after "
+          f"{cfg['warmup']} warm-up, the variants taking turns; MFU against "
+          + (f'{peak / 1e12:,.0f} TFLOP/s' if peak else "no known peak (annex/memory.py's PEAK_TFLOPS)"))
+    print('| shape | variant | tokens/s | MFU |\n|---|---|---|---|')
+    for scale, path in REPORT_CONFIGS.items():
+        study = run_config_file(os.path.join(REPO, path))
+        shape = {k: study[k] for k in ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias')}
+        B, T = study['batch_size'], study['block_size']
+        raw = {name: GPT(GPTConfig(**shape, **kw)) for name, kw in REPORT_VARIANTS.items()}
+        raw[DDP_VARIANT] = GPT(GPTConfig(**shape))
+        raw = {name: model.to(dev).train() for name, model in raw.items()}
+        ddp = DDP(raw[DDP_VARIANT], device_ids=[gpu], broadcast_buffers=False)
+        models = {**raw, DDP_VARIANT: ddp}
+        x, y = torch.randint(0, GPTConfig.vocab_size, (2, B, T), device=dev)
+        times = median_step_times(compiled(models), x, y, ctx, torch.cuda.synchronize, cfg['steps'],
+                                  cfg['warmup'])
+        for name, dt in times.items():
+            mfu = raw[name].estimate_mfu(B, dt, peak)
+            print(f"| {scale} ({shape['n_layer']}x{shape['n_head']}x{shape['n_embd']}, {B}x{T} tokens) "
+                  f"| {name} | {B * T / dt:,.0f} | {'-' if mfu is None else f'{mfu:.1%}'} |", flush=True)
+        del raw, models, ddp
+        gc.collect()  # this shape's models freed before the next shape's, and before the process group
+        torch.cuda.empty_cache()
+    dist.destroy_process_group()
+
+
 def main(argv):
     cfg = configure(DEFAULTS, argv, OPTIONAL_TYPES, __doc__)
     shape = {k: cfg[k] for k in ('n_layer', 'n_head', 'n_embd', 'block_size', 'vocab_size', 'bias')}
@@ -88,19 +162,24 @@ def main(argv):
         GPTConfig(**shape)  # the architecture's own checks, with their messages
     except ValueError as e:
         raise SystemExit(f'error: {e}') from None
+    if cfg['gpu_report'] and torch.device(dev).type != 'cuda':
+        raise SystemExit(f'error: gpu_report=True needs a CUDA GPU, and the device is {dev!r}; without '
+                         'it, python annex/bench.py times the variants on this device')
     if cfg['dtype'] not in (None, 'float32', 'bfloat16'):
         raise SystemExit(f"error: dtype={cfg['dtype']!r} is not known; use 'float32' or 'bfloat16'")
     dtype, ctx = precision(dev, cfg['dtype'])  # as train.py runs: bf16 autocast on CUDA, TF32
     if min(cfg['batch_size'], cfg['steps']) < 1 or cfg['warmup'] < 0:
         raise SystemExit('error: batch_size and steps must be positive, warmup >= 0')
-    if cfg['compile'] and cfg['warmup'] < 1:
-        raise SystemExit('error: compile=True needs warmup >= 1: the first step compiles, and must not '
-                         'be timed')
+    compiling = 'gpu_report' if cfg['gpu_report'] else 'compile' if cfg['compile'] else None
+    if compiling and cfg['warmup'] < 1:
+        raise SystemExit(f'error: {compiling}=True needs warmup >= 1: the first step compiles, and must '
+                         'not be timed')
+    torch.manual_seed(0)
+    if cfg['gpu_report']:
+        return print_gpu_report(cfg, dev, dtype, ctx)
     # GPU kernels run asynchronously: wait for them before reading the clock
     sync = {'cuda': torch.cuda.synchronize, 'mps': torch.mps.synchronize}.get(torch.device(dev).type,
                                                                              lambda: None)
-
-    torch.manual_seed(0)
     B, T = cfg['batch_size'], cfg['block_size']
     if cfg['vit']:
         variants = {f'ViT norm={norm}': ViT(ViTConfig(n_layer=6, n_head=4, n_embd=256, bias=True,
@@ -117,36 +196,14 @@ def main(argv):
         unit, per_step = 'tokens', B * T
     variants = {name: model.to(dev).train() for name, model in variants.items()}
     if cfg['compile']:
-        # The GPT variants share GPT.forward's code: each one is a recompile of it, and past the limit
-        # (8 by default) dynamo runs the rest eager, with only a warning (newer PyTorch names the limit
-        # recompile_limit)
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit,
-                                                    len(variants))
-        variants = {name: torch.compile(model) for name, model in variants.items()}
-
-    # the previous step ended with sync(): the clock starts on an idle device
-    def step_time(model, x, y):
-        t0 = time.perf_counter()
-        model.zero_grad(set_to_none=True)
-        with ctx:
-            _, loss = model(x, y)
-        loss.backward()
-        sync()
-        return time.perf_counter() - t0
-
+        variants = compiled(variants)
     print(f"shape {shape}, batch {B}, device {dev}, dtype {dtype}, compile {cfg['compile']}, threads "
           f"{torch.get_num_threads()}; median of {cfg['steps']} steps after {cfg['warmup']} warm-up, "
           "the variants taking turns step by step")
-    inputs, targets = inputs.to(dev), targets.to(dev)
-    times = {name: [] for name in variants}
-    # interleaved: a slow spell of the machine hits every variant alike
-    for i in range(cfg['warmup'] + cfg['steps']):
-        for name, model in variants.items():
-            dt = step_time(model, inputs, targets)
-            if i >= cfg['warmup']:
-                times[name].append(dt)
-    for name, ts in times.items():
-        print(f"{name:34s} {per_step / sorted(ts)[len(ts) // 2]:12,.0f} {unit}/s")
+    times = median_step_times(variants, inputs.to(dev), targets.to(dev), ctx, sync, cfg['steps'],
+                              cfg['warmup'])
+    for name, dt in times.items():
+        print(f"{name:34s} {per_step / dt:12,.0f} {unit}/s")
 
 
 if __name__ == '__main__':

@@ -41,8 +41,8 @@ from checkpoint import load_checkpoint
 from annex.plots import pyplot, save_png
 from annex.stats import bootstrap_rule, holm, intersection_union, paired, rule_stats
 from annex.study import PUBLISHED_RULE, THRESHOLD, command_line, eval_at, label, read_json, status
-from data.common import (DataError, atomic_write, entropy_of, load_meta, load_split, token_counts,
-                         write_json)
+from data.common import (DataError, atomic_write, budget_tokens, entropy_of, eot_id, load_meta,
+                         load_split, token_counts, write_json)
 from norm_stats import AT_2
 from train import COLLAPSE_MARGIN
 
@@ -90,15 +90,17 @@ PAPER_CELLS_OTHER = {('124m', '10M'): dict(change=6.1), ('354m', '1M'): dict(sat
 
 
 @functools.lru_cache(maxsize=None)
-def budget_reference(dataset, data_dir, train_tokens):
-    """The unigram levels of a train budget, from the data: {'entropy': of its token frequencies,
-    'n_train': its tokens, 'val_unigram': the val loss of predicting those frequencies (add-one smoothed
-    over the vocabulary), 'layout' (its tokenization)}; None when the data is not here or not tokens."""
+def budget_reference(dataset, data_dir, train_tokens, budget_docs=None):
+    """The unigram levels of a train budget (its prefix, or its budget_docs subset: budget_tokens), from
+    the data: {'entropy': of its token frequencies, 'n_train': its tokens, 'val_unigram': the val loss
+    of predicting those frequencies (add-one smoothed over the vocabulary), 'layout' (its tokenization)};
+    None when the data is not here or not tokens."""
     try:
         meta = load_meta(dataset, data_dir)
         if meta['kind'] != 'tokens':
             return None
-        train = load_split(dataset, 'train', data_dir)[:train_tokens]
+        train = budget_tokens(load_split(dataset, 'train', data_dir), train_tokens, budget_docs,
+                              eot_id(meta))
         val = load_split(dataset, 'val', data_dir)
     except DataError:  # the report then falls back on what train.py recorded
         return None
@@ -124,7 +126,8 @@ def collect(grid_dir, opts):
             row['reason'] = f"train.py exited with {failed['returncode']}"
         if s:
             cfg = s['config']
-            ref = budget_reference(cfg['dataset'], cfg['data_dir'], cfg['train_tokens']) or dict(
+            budget = (cfg['dataset'], cfg['data_dir'], cfg['train_tokens'], cfg.get('budget_docs'))
+            ref = budget_reference(*budget) or dict(
                 entropy=s.get('unigram_entropy'), n_train=s.get('budget_tokens'), val_unigram=None,
                 layout=None)
             entropy, n_train = ref['entropy'], ref['n_train']

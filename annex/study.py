@@ -186,7 +186,11 @@ def status(cell_dir):
         return 'diverged' if summary.get('diverged') else 'finished'
     if os.path.exists(os.path.join(cell_dir, 'failed.json')):
         return 'failed'
-    return 'partial' if os.path.exists(os.path.join(cell_dir, 'ckpt.pt')) else 'new'
+    return 'partial' if has_checkpoint(cell_dir) else 'new'
+
+
+def has_checkpoint(cell_dir):  # one file, or shards (a multi-process run over shard_checkpoints_above)
+    return any(os.path.exists(os.path.join(cell_dir, name)) for name in ('ckpt.pt', 'ckpt.dcp'))
 
 
 PROGRESS = dict(  # a log record as a progress line, in train.py's words: 'step N' (eval), 'iter N'
@@ -195,9 +199,9 @@ PROGRESS = dict(  # a log record as a progress line, in train.py's words: 'step 
 
 
 def cell_command(cell, cell_dir, nproc=1, extra=()):
-    """A cell's train.py command line (torchrun's with nproc > 1), resuming from ckpt.pt if there is one.
+    """A cell's train.py command line (torchrun's with nproc > 1), resuming from its checkpoint if any.
     torchrun --standalone binds its rendezvous to a free port: cells side by side do not collide."""
-    resume = os.path.exists(os.path.join(cell_dir, 'ckpt.pt'))
+    resume = has_checkpoint(cell_dir)
     args = [*cell['args'], *extra, f'--out_dir={os.path.abspath(cell_dir)}'] + (
         ['--init_from=resume'] if resume else [])
     launcher = [sys.executable] if nproc == 1 else [sys.executable, '-m', 'torch.distributed.run',

@@ -17,3 +17,5 @@ scales = {'64m': 'config/gpt2_64m_ln.py'}
 budgets = [1_000_000, 10_000_000, 50_000_000, None]  # None: all WikiText-103 train, the study's "118M"
 variants = ['ln', 'dyt', 'diff']
 seeds = [1337, 42, 7]
+# evals every 100 steps until warmup ends (1M tokens overfit early), then every 500: the best on val
+overrides = {'eval_interval_warmup': 100}

@@ -8,4 +8,5 @@ scales = {'64m': 'config/gpt2_64m_ln.py'}
 budgets = [1_000_000, 10_000_000, 50_000_000, None]
 variants = ['derf', 'derf_ref']
 seeds = [1337, 42, 7]
+overrides = {'eval_interval_warmup': 100}  # as config/grid_64m.py's cells
 out_dir = 'out/grid_64m'

@@ -9,4 +9,4 @@ scales = {'64m': 'config/gpt2_64m_ln.py'}
 budgets = [1_000_000, 10_000_000, 50_000_000, None]
 variants = ['ln', 'dyt', 'diff']
 seeds = [1337, 42, 7]
-overrides = dict(data_dir='data/wikitext103/paper', paper_val=3200)
+overrides = dict(data_dir='data/wikitext103/paper', paper_val=3200, eval_interval_warmup=100)

@@ -22,12 +22,15 @@ class DataError(RuntimeError):
 
 # ----------------------------------------------------------------------------- tokenizers
 
+EOT = {"byte": 256, "gpt2": 50256}  # each tokenizer's end-of-text id, for a meta.json without "eot"
+
+
 class Tokenizer:
     """GPT-2 BPE ('gpt2', tiktoken's encode_ordinary) or UTF-8 bytes ('byte': ids 0..255, end-of-text 256)."""
 
     def __init__(self, name, enc=None):
         self.name, self.enc = name, enc
-        self.eot = enc.eot_token if enc else 256
+        self.eot = enc.eot_token if enc else EOT["byte"]
         self.n_vocab = enc.n_vocab if enc else 257
 
     def encode(self, text):
@@ -131,6 +134,9 @@ def load_meta(dataset, data_dir=None):
     if type(meta.get("vocab_size")) is not int or meta["vocab_size"] < 1:
         raise DataError(f"{path}: 'vocab_size' must be a positive int, got {meta.get('vocab_size')!r}; "
                         + FOLDER_FORMAT)
+    if "eot" in meta and not (type(meta["eot"]) is int and 0 <= meta["eot"] < meta["vocab_size"]):
+        raise DataError(f"{path}: 'eot' must be the end-of-text id that ends each document (an int below "
+                        f"vocab_size), got {meta['eot']!r}; " + FOLDER_FORMAT)
     if meta.get("dtype", "uint16") not in TOKEN_DTYPES:
         raise DataError(f"{path}: 'dtype' must be \"uint16\" or \"uint32\" (the token files' id type), got "
                         f"{meta['dtype']!r}; " + FOLDER_FORMAT)
@@ -174,6 +180,47 @@ def unigram_entropy(tokens):
 
 # ----------------------------------------------------------------------------- what train.py trains on
 
+def eot_id(meta):
+    """The id that ends each document of a token folder: meta.json's "eot", else its tokenizer's; None when
+    neither is known."""
+    return meta.get("eot", EOT.get(meta.get("tokenizer")))
+
+
+def budget_tokens(train, train_tokens, budget_docs=None, eot=None, chunk=1 << 24):
+    """The data budget's tokens (all of the train split when it is shorter than train_tokens, or for None).
+    budget_docs None: the split's first train_tokens (a memmap slice, no copy). budget_docs a seed: a random
+    subset of whole documents (the spans that end with the `eot` id; the last may lack it), in memory:
+    documents are taken in the order of np.random.default_rng(budget_docs).permutation until they hold
+    train_tokens, put back in corpus order (a subset, not a shuffle), concatenated and cut to train_tokens,
+    so each but the last is whole, its eot included. A prefix is biased for an ordered corpus; this is not."""
+    if train_tokens is None:
+        if budget_docs is not None:
+            raise DataError("budget_docs needs train_tokens: it draws documents until they hold that many "
+                            "tokens. Set --train_tokens=N, or budget_docs=None to train on the whole split")
+        return train
+    if budget_docs is None:
+        return train[:train_tokens]
+    if type(budget_docs) is not int or budget_docs < 0:
+        raise DataError(f"budget_docs must be a seed (an int >= 0) or None, got {budget_docs!r}")
+    if eot is None:
+        raise DataError("budget_docs needs the id that ends each document, unknown for this data folder: "
+                        'add "eot": ID to its meta.json')
+    # where documents end, read in chunks: a 118M-token split needs no big temporary copy
+    ends = np.concatenate([k + 1 + np.flatnonzero(train[k:k + chunk] == eot)
+                           for k in range(0, len(train), chunk)])
+    if len(ends) == 0 or ends[-1] != len(train):
+        ends = np.append(ends, len(train))  # the last document, without an eot
+    if len(ends) < 2:
+        raise DataError(f"budget_docs: the train split is one document (no end-of-text id {eot} between "
+                        "its tokens), so a subset would be its prefix. Set meta.json's \"eot\" to the id "
+                        "that ends documents, or prepare the data with one after each (data/pydocs does)")
+    starts = np.concatenate(([0], ends[:-1]))
+    order = np.random.default_rng(budget_docs).permutation(len(ends))
+    count = int(np.searchsorted(np.cumsum((ends - starts)[order]), train_tokens)) + 1  # reach train_tokens
+    taken = np.sort(order[:count])
+    return np.concatenate([train[a:b] for a, b in zip(starts[taken], ends[taken])])[:train_tokens]
+
+
 def derived_seed(*parts):
     """A seed determined by all its parts (run seed, purpose, step...): independent reproducible streams."""
     return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), 'little') >> 1
@@ -195,9 +242,9 @@ def paper_val_tokens(train_tokens, n_val):
 
 
 class TokenData:
-    """Windows of block_size tokens of the budget (the train split's first tokens), next tokens as targets.
-    A step's windows depend on (seed, step) alone, so resumed and multi-process runs see the single-process
-    batches. Fixed eval windows: on train, those analyze.py measures on; on val, spread evenly. With
+    """Windows of block_size tokens of the budget (budget_tokens: a prefix, or documents), next tokens as
+    targets. A step's windows depend on (seed, step) alone, so resumed and multi-process runs see the
+    single-process batches. Fixed eval windows: on train, analyze.py's; on val, spread evenly. With
     `paper_val` (the study's val slice), 'val_paper' windows too, redrawn at every eval from (seed, step)."""
     unit, predicted = 'tokens', 'token'
 
@@ -253,7 +300,7 @@ def open_data(cfg, env, eval_seed):
         if len(val) <= cfg.block_size:
             raise DataError(f'the val split ({len(val):,} tokens, val_tokens={cfg.val_tokens}) is shorter '
                             f'than block_size+1 ({cfg.block_size + 1})')
-        train = train[:n_train]
+        train = budget_tokens(train, cfg.train_tokens, cfg.budget_docs, eot_id(meta))
         for split, tokens in (('train', train), ('val', val)):  # once: ids past the vocabulary are garbage
             if (top := max_id(tokens)) >= meta['vocab_size']:
                 raise DataError(f"the {split} split (as trained on) holds token id {top:,}, but meta.json's "

@@ -3,10 +3,11 @@ model, samples from it and analyzes it; an option that needs an annex fails at o
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
+
+from tests.common import run_side_by_side
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORE = ('model.py', 'train.py', 'sample.py', 'analyze.py', 'configurator.py', 'checkpoint.py',
@@ -14,11 +15,11 @@ CORE = ('model.py', 'train.py', 'sample.py', 'analyze.py', 'configurator.py', 'c
 STEPS = 20
 
 
-def run(fork, *args):
-    """python *args in the fork, as a student runs it: no PYTHONPATH to lead back into this checkout."""
+def run(fork, *commands):
+    """python *args of each command in the fork, as a student runs it: no PYTHONPATH to lead back into
+    this checkout. The commands run side by side: none may need another's output."""
     env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
-    return subprocess.run([sys.executable, *args], cwd=fork, env=env, capture_output=True, text=True,
-                          timeout=600)
+    return run_side_by_side([[sys.executable, *args] for args in commands], cwd=fork, env=env)
 
 
 @pytest.fixture(scope='module')
@@ -29,8 +30,8 @@ def fork(tmp_path_factory):
     for path in CORE:
         os.makedirs(d / os.path.dirname(path), exist_ok=True)
         shutil.copy(os.path.join(ROOT, path), d / path)
-    proc = run(d, 'train.py', f'--max_iters={STEPS}', '--eval_interval=10', '--eval_iters=2',
-               '--log_interval=5')
+    (proc,) = run(d, ['train.py', f'--max_iters={STEPS}', '--eval_interval=10', '--eval_iters=2',
+                      '--log_interval=5'])
     return d, proc
 
 
@@ -56,13 +57,12 @@ def test_the_core_alone_trains_samples_and_analyzes(fork):
     assert [r['iter'] for r in evals] == [0, 10, STEPS]
     assert evals[-1]['val_loss'] < evals[0]['val_loss']  # it learns
 
-    sample = run(d, 'sample.py')
+    sample, analyze = run(d, ['sample.py'], ['analyze.py', 'all', 'out'])  # both read out/ckpt.pt
     assert sample.returncode == 0, sample.stderr[-3000:]
     samples = sample.stdout.split('---------------\n')
     assert len(samples) == 4 and samples[-1] == ''  # 3 samples, the default
     assert all(s.strip() for s in samples[:3])
 
-    analyze = run(d, 'analyze.py', 'all', 'out')
     assert analyze.returncode == 0, analyze.stderr[-3000:]
     text = analyze.stdout
     assert 'out: no DyT/Derf layer: saturation is defined for point-wise norm layers only' in text
@@ -77,11 +77,10 @@ def test_an_annex_option_names_the_file_it_needs(fork):
     assert train.returncode == 0
     (d / 'images').mkdir()
     (d / 'images' / 'meta.json').write_text(json.dumps({'kind': 'images'}))
-    for args, needs in ((['train.py', '--fsdp=True', '--out_dir=out_fsdp'], 'annex/cluster.py'),
-                        (['train.py', '--dataset=images', '--data_dir=images', '--out_dir=out_vit'],
-                         'annex/vit.py'),
-                        (['analyze.py', 'all', 'out', '--plot=figs'], 'annex/plots.py')):
-        proc = run(d, *args)
+    cases = ((['train.py', '--fsdp=True', '--out_dir=out_fsdp'], 'annex/cluster.py'),
+             (['train.py', '--dataset=images', '--data_dir=images', '--out_dir=out_vit'], 'annex/vit.py'),
+             (['analyze.py', 'all', 'out', '--plot=figs'], 'annex/plots.py'))
+    for (args, needs), proc in zip(cases, run(d, *(args for args, _ in cases))):
         assert proc.returncode == 1, (args, proc.stdout[-2000:], proc.stderr[-2000:])
         assert needs in proc.stderr and 'Traceback' not in proc.stderr, (args, proc.stderr[-2000:])
     assert not any((d / name).exists() for name in ('out_fsdp', 'out_vit', 'figs'))  # nothing written

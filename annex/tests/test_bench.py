@@ -1,11 +1,12 @@
-"""annex/bench.py: one tokens/s (or ViT images/s) line per variant at a tiny shape, and the
-configurator's --help and errors."""
+"""annex/bench.py: one tokens/s (or ViT images/s) line per variant at a tiny shape, the configurator's
+--help and errors, and --gpu_report=True refused without CUDA (its run: on a GPU, docs/benchmarks.md)."""
 import os
 import re
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from annex import bench
 
@@ -65,3 +66,14 @@ def test_help_and_bad_keys(capsys):
             bench.main(args)
         # a message as exit code: Python prints it and exits with status 1
         assert msg in e.value.code, args
+
+
+def test_gpu_report_refuses_a_machine_without_cuda(monkeypatch):
+    # at once, before building anything; the device by default, or given
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    for args in (["--gpu_report=True"], ["--gpu_report=True", "--device=cpu"]):
+        with pytest.raises(SystemExit) as e:
+            bench.main(args)
+        assert e.value.code == ("error: gpu_report=True needs a CUDA GPU, and the device is 'cpu'; without "
+                                "it, python annex/bench.py times the variants on this device")

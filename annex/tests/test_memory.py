@@ -306,11 +306,28 @@ def fsdp_process(rank, world, port):
     return dist
 
 
-def fsdp_saved_tensors(rank, world, port, path):
+def fsdp_runs(rank, world, port, saved_path, ckpt_path):
+    """Both FSDP measurements below in one pair of processes (a process spawned imports torch and the
+    model anew: most of the time): one after the other, each on its own model."""
+    dist = fsdp_process(rank, world, port)
+    fsdp_saved_tensors(rank, saved_path)
+    save_like_train(rank, ckpt_path)
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope='module')
+def fsdp_files(tmp_path_factory):
+    """(saved.pt, ckpt.pt): what fsdp_saved_tensors and save_like_train write, on 2 gloo processes."""
+    d = tmp_path_factory.mktemp('fsdp')
+    paths = str(d / 'saved.pt'), str(d / 'ckpt.pt')
+    mp.spawn(fsdp_runs, args=(2, free_port(), *paths), nprocs=2)
+    return paths
+
+
+def fsdp_saved_tensors(rank, path):
     """Forward under autocast of an FSDP2 model sharded like train.py's (float32 weights): what autograd
     keeps."""
     from torch.distributed.fsdp import fully_shard
-    dist = fsdp_process(rank, world, port)
     config = small_config()
     torch.manual_seed(0)
     model = GPT(config)
@@ -325,15 +342,12 @@ def fsdp_saved_tensors(rank, world, port, path):
         torch.save({'kept': kept, 'copies': copies}, path)
     del model
     gc.collect()  # the sharded model freed before its process group: else gloo can abort at exit
-    dist.destroy_process_group()
 
 
-def test_fsdp_keeps_every_layer_s_bf16_weight_copy(tmp_path):
+def test_fsdp_keeps_every_layer_s_bf16_weight_copy(fsdp_files):
     """FSDP reshards a block's float32 weights after its forward, but the bf16 copies autocast made of them
     stay with autograd until the block's backward: the whole model's, on every process."""
-    path = str(tmp_path / 'saved.pt')
-    mp.spawn(fsdp_saved_tensors, args=(2, free_port(), path), nprocs=2)
-    saved = torch.load(path)
+    saved = torch.load(fsdp_files[0])
     config = small_config()
     plan = memory_plan(config, 2, world_size=2, fsdp=True, dtype=BF16)
     assert saved['copies'] == plan['weight_copies'] == 2 * linear_weights(meta_model(config))
@@ -344,11 +358,10 @@ def test_fsdp_keeps_every_layer_s_bf16_weight_copy(tmp_path):
 # ------------------------------------------------------------------------------------------------------
 # Checkpoint size: written the way train.py writes it, from FSDP shards
 
-def save_like_train(rank, world, port, path):
+def save_like_train(rank, path):
     from torch.distributed.fsdp import fully_shard
 
     from checkpoint import training_state
-    dist = fsdp_process(rank, world, port)
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=64, vocab_size=1000, n_layer=2, n_head=4, n_embd=128, bias=False))
     for block in model.transformer.h:
@@ -361,12 +374,10 @@ def save_like_train(rank, world, port, path):
         torch.save(state, path)
     del model, optimizer, state
     gc.collect()  # as above
-    dist.destroy_process_group()
 
 
-def test_checkpoint_bytes_match_a_checkpoint_gathered_from_fsdp_shards(tmp_path):
-    path = str(tmp_path / 'ckpt.pt')
-    mp.spawn(save_like_train, args=(2, free_port(), path), nprocs=2)
+def test_checkpoint_bytes_match_a_checkpoint_gathered_from_fsdp_shards(fsdp_files):
+    path = fsdp_files[1]
     config = GPTConfig(block_size=64, vocab_size=1000, n_layer=2, n_head=4, n_embd=128, bias=False)
     size = checkpoint_bytes(config)
     n = sum(p.numel() for p in meta_model(config).parameters())

@@ -21,7 +21,8 @@ import train
 from annex import report, stats, study
 from checkpoint import load_checkpoint
 from configurator import configure
-from data.common import random_windows, read_log
+from data.common import budget_tokens, random_windows, read_log
+from tests.common import run_side_by_side
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, eval_iters=2, log_interval=1,
@@ -257,6 +258,32 @@ def test_collapse_counted_tokens_seen_and_saturated_layers(tmp_path):
     assert (sat['n'], sat['correct']) == (2, 1)
 
 
+def test_unigram_levels_of_a_budget_docs_run_are_its_subsets(tmp_path):
+    """A run with budget_docs (a seeded subset of whole documents) is measured on that subset, not on
+    the prefix; the cache keeps the two apart."""
+    data = tmp_path / 'data'
+    data.mkdir()
+    rng = np.random.default_rng(4)
+    docs = [rng.integers(0, 20 if k % 2 else 39, size=n).tolist() + [39]  # half the documents: ids < 20
+            for k, n in enumerate(rng.integers(5, 60, 80))]
+    tokens = np.array(sum(docs, []), dtype=np.uint16)
+    tokens.tofile(data / 'train.bin')
+    tokens[:300].tofile(data / 'val.bin')
+    (data / 'meta.json').write_text('{"tokenizer": "byte", "vocab_size": 40, "eot": 39}')
+    root, d = str(tmp_path / 'grid'), str(data)
+    write_run(root, 'a', 1000, 'ln', 1, 3.0, 3.0, data_dir=d)
+    run = write_run(root, 'a', 1000, 'ln', 2, 3.0, 3.0, data_dir=d)
+    path = tmp_path / 'grid' / os.path.basename(run) / 'summary.json'
+    summary = json.loads(path.read_text())
+    summary['config']['budget_docs'] = 3  # as train.py records it
+    path.write_text(json.dumps(summary))
+    rows = {r['seed']: r for r in report.collect(root, dict(report.OPTIONS, screen_steps=50))}
+    for seed, budget in ((1, tokens[:1000]), (2, budget_tokens(tokens, 1000, 3, 39))):
+        h = -sum(c / 1000 * math.log(c / 1000) for c in Counter(budget.tolist()).values())
+        assert rows[seed]['unigram_entropy'] == pytest.approx(h)
+    assert rows[1]['unigram_entropy'] != pytest.approx(rows[2]['unigram_entropy'])
+
+
 def test_published_figures_beside_ours_say_what_is_comparable(tmp_path):
     """Losses under the study's protocol (paper_val, the paper layout) are compared with the published
     ones; ours on the fixed val set are shown but marked not comparable; known caveats are noted."""
@@ -367,17 +394,31 @@ def write_grid(path, data_dir, out_dir, **keys):
     return str(path)
 
 
-def test_runner_skips_resumes_records_and_shards(tmp_path, data_dir, capsys):
+def train_cell(cell, cell_dir, *extra):
+    """A cell trained as run_cell trains it (its cell.json, then train.py on the cell's arguments and
+    --out_dir), but in this process: for a reference or a starting state, where the runner's own child
+    process is not what a test checks."""
+    os.makedirs(cell_dir, exist_ok=True)
+    with open(os.path.join(cell_dir, 'cell.json'), 'w') as f:
+        json.dump(cell, f)
+    assert train.main([*cell['args'], *extra, f'--out_dir={os.path.abspath(cell_dir)}']) == 0
+
+
+def test_runner_skips_resumes_records_and_shards(tmp_path, data_dir, capsys, monkeypatch):
     out = str(tmp_path / 'grid')
     path = write_grid(tmp_path / 'g.py', data_dir, out)
     _, cells = study.load_grid(path)
     assert [c['name'] for c in cells] == ['t_5K_ln_s1', 't_5K_dyt_s1', 't_5K_boom_s1', 't_5K_bad_s1']
+    # the runner's train.py children on one thread, as this process's own runs (one_thread): the resumed
+    # run is compared bit for bit with a reference trained here
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
     # the reference: the DyT cell uninterrupted; then the same cell preempted after its step-4 checkpoint
-    assert study.run_cell(cells[1], str(tmp_path / 'ref')) == 'finished'
-    assert study.run_cell(cells[1], f'{out}/t_5K_dyt_s1', extra=['--max_iters=4']) == 'finished'
+    train_cell(cells[1], tmp_path / 'ref')
+    train_cell(cells[1], f'{out}/t_5K_dyt_s1', '--max_iters=4')
     # as a kill after the checkpoint leaves it: ckpt.pt, no summary
     os.remove(f'{out}/t_5K_dyt_s1/summary.json')
-    assert study.main(['run', path, '--shard=0/2', '--poll=0.2']) == 0  # ln and boom
+    # ln and boom, side by side (each child its CUDA_VISIBLE_DEVICES); the runs below, one at a time
+    assert study.main(['run', path, '--shard=0/2', '--gpus=0-1', '--poll=0.2']) == 0
     # shard 1/2 not touched
     assert sorted(os.listdir(out)) == ['t_5K_boom_s1', 't_5K_dyt_s1', 't_5K_ln_s1']
     assert study.main(['run', path, '--shard=1/2', '--poll=0.2']) == 1  # dyt (resumed) and bad (fails)
@@ -460,9 +501,10 @@ def test_gpus_dry_run_partitions_the_cells_over_slots(tmp_path, data_dir, capsys
     assert not os.path.exists(out)
 
 
-def test_cells_run_side_by_side_one_per_gpu(tmp_path, data_dir, capsys):
+def test_cells_run_side_by_side_one_per_gpu(tmp_path, data_dir, capsys, monkeypatch):
     """A real --gpus=0-1 run on the CPU: two cells at a time, each child given its slot's
     CUDA_VISIBLE_DEVICES (train.out's first line), the failure recorded as before."""
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')  # two children side by side: a thread each
     out = str(tmp_path / 'grid')
     path = write_grid(tmp_path / 'g.py', data_dir, out, variants=['ln', 'dyt', 'bad'])
     assert study.main(['run', path, '--gpus=0-1', '--poll=0.2']) == 1
@@ -479,9 +521,10 @@ def test_cells_run_side_by_side_one_per_gpu(tmp_path, data_dir, capsys):
     assert re.search(r'^    t_5K_(ln|dyt)_s1: step \d, val loss \d\.\d{4}$', text, re.M)  # progress
 
 
-def test_sigterm_stops_every_running_cell(tmp_path, data_dir):
+def test_sigterm_stops_every_running_cell(tmp_path, data_dir, monkeypatch):
     """SIGTERM to the runner stops both running children at a step with a checkpoint: no failure
     recorded, both left to resume on a rerun."""
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')  # two children side by side: a thread each
     out = str(tmp_path / 'grid')
     long = dict(TINY, max_iters=10**6, eval_interval=2, dataset='tiny', data_dir=data_dir)
     path = write_grid(tmp_path / 'g.py', data_dir, out, variants=['ln', 'dyt'], scales={'t': long})
@@ -709,9 +752,8 @@ def test_command_line_help_and_typos(capsys):
         assert 'python annex/study.py screen --norm=dyt' in out  # the CPU-sized screen
     # the scripts, as the docstring runs them: from the repository root, no PYTHONPATH
     env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
-    for script in (['annex/study.py', 'screen', '--help'], ['annex/report.py', '--help']):
-        proc = subprocess.run([sys.executable, *script], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=300)
+    scripts = (['annex/study.py', 'screen', '--help'], ['annex/report.py', '--help'])
+    for proc in run_side_by_side([[sys.executable, *s] for s in scripts], 300, cwd=ROOT, env=env):
         assert proc.returncode == 0 and all(u in proc.stdout for u in usages), proc.stderr[-2000:]
     for argv, close in ((['run', 'g.py', '--shards=0/2'], 'shard'),
                         (['report', 'd', '--bootstrp=5'], 'bootstrap'),
@@ -721,7 +763,7 @@ def test_command_line_help_and_typos(capsys):
             study.main(argv)
 
 
-def test_best_on_val_is_reported_on_the_test_split(tmp_path, data_dir):
+def test_best_on_val_is_reported_on_the_test_split(tmp_path, data_dir, capsys):
     """The report's test losses: the final checkpoint and the one picked on val (best.pt), each on the
     held-out test split, recomputed here window by window (every token predicted once)."""
     import shutil
@@ -733,7 +775,12 @@ def test_best_on_val_is_reported_on_the_test_split(tmp_path, data_dir):
     path = write_grid(tmp_path / 'g.py', str(d), str(tmp_path / 'grid'), variants=['ln', 'dyt'],
                       seeds=[1, 2], budgets=[64],  # 64 tokens at a constant lr 0.05: best before the end
                       overrides=dict(max_iters=40, eval_interval=4, learning_rate=0.05, decay_lr=False))
-    assert study.main(['run', path, '--poll=0.2']) == 0
+    grid, cells = study.load_grid(path)
+    for cell in cells:  # trained here (test_runner_skips_resumes_records_and_shards runs the children)
+        train_cell(cell, os.path.join(grid['out_dir'], cell['name']))
+    capsys.readouterr()
+    assert study.main(['run', path, '--poll=0.2']) == 0  # the runner finds every cell finished
+    assert '4 already finished, diverged or given up; 0 to run' in capsys.readouterr().out
     rep = study.main(['report', str(tmp_path / 'grid'), '--analysis=False', '--bootstrap=10',
                       '--test_limit=50'])
     tokens = torch.from_numpy(test.astype(np.int64))

@@ -357,7 +357,10 @@ def test_the_alpha0_sweep_runs_as_a_study_grid(cifar, tmp_path, monkeypatch):
                     "screen_steps = 10\ncustom_variants = {'dyt_a05': dict(norm='dyt', dyt_alpha=0.5), "
                     "'dyt_a2': dict(norm='dyt', dyt_alpha=2.0)}\n"
                     f"out_dir = {str(tmp_path / 'out')!r}\n")
-    study.main(['run', str(path)])
+    # two cells at a time, a thread each (--gpus: each child its CUDA_VISIBLE_DEVICES, which changes
+    # nothing without GPUs): a child's start, torch's import, is most of its time
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
+    study.main(['run', str(path), '--gpus=0-1'])
     rep = study.main(['report', str(tmp_path / 'out'), '--bootstrap=10'])
     assert {r['name']: r['status'] for r in rep['runs']} == {
         f'vit_all_{v}_s1': 'finished' for v in ('ln', 'dyt_a05', 'dyt_a2')}
