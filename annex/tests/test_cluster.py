@@ -60,7 +60,7 @@ sys.exit(train.main(sys.argv[1:]))
 
 MODES = {  # processes, micro-batches per step, options
     'ddp': (2, 3, []),
-    'fsdp': (2, 3, ['--fsdp=True', '--compile=True']),  # each block compiled, then sharded
+    'fsdp': (2, 3, ['--fsdp=True']),
     'hsdp': (4, 2, ['--fsdp=True', '--fsdp_shard=2']),  # a 2 x 2 mesh: pairs shard, and replicate
 }
 
@@ -76,8 +76,7 @@ def test_sharded_runs_match_one_process_and_resume_exactly(data_dir, tmp_path, m
     """24 sequences per step (6 micro-batches of 4 for one process; 3 of 4 per process on 2; 2 of 3 on 4,
     so HSDP all-reduces once after two): the single process's losses and weights (1e-5). Each run saves
     shards (ckpt.dcp/); stopped by a signal to one process after step 3 and resumed from them with the same
-    command, a run ends bitwise where an uninterrupted one does, weights and AdamW state. FSDP runs
-    compiled, eval included, within torch.compile's recompile limit."""
+    command, a run ends bitwise where an uninterrupted one does, weights and AdamW state."""
     nproc, micro, options = MODES[mode]
     args = ['--dataset=tiny', f'--data_dir={data_dir}', *TINY, '--gradient_accumulation_steps=6',
             '--max_iters=6', '--eval_interval=3', '--norm=dyt', '--dyt_alpha=2.0', '--embed_scale=True',
@@ -109,19 +108,32 @@ def test_sharded_runs_match_one_process_and_resume_exactly(data_dir, tmp_path, m
     assert w1.keys() == w_whole.keys() and all(torch.allclose(w1[k], w_whole[k], atol=1e-5) for k in w1)
 
 
-def test_a_sharded_checkpoint_exports_for_every_script_and_refuses_a_flipped_byte(data_dir, tmp_path):
-    """The export is the file a single-process run writes: sample.py, analyze.py and annex/eval.py read it,
-    and train.py resumes from it as from the shards. A byte changed in one shard is refused."""
+def test_fsdp_compiled_matches_one_process_and_its_shards_export(data_dir, tmp_path):
+    """FSDP on 2 processes with each block compiled (eval included): the single eager process's losses
+    and weights (1e-5), within torch.compile's recompile limit (TORCH_LOGS=recompiles: each block has a
+    graph for training and two for eval, with and without the norm statistics). Its shards export to the
+    file a single-process run writes: sample.py, analyze.py and annex/eval.py read it, and train.py resumes
+    from it as from the shards. A byte changed in one shard is refused."""
     args = ['--dataset=tiny', f'--data_dir={data_dir}', *TINY, '--max_iters=4', '--eval_interval=2',
+            '--norm=dyt', '--embed_scale=True',
             '--vocab_size=320']  # every byte id has an embedding: annex/eval.py requires it
-    out, copy = str(tmp_path / 'run'), str(tmp_path / 'copy')
-    proc = torchrun(2, 'train.py', *args, '--shard_checkpoints_above=0', f'--out_dir={out}')
+    one, out, copy = str(tmp_path / 'one'), str(tmp_path / 'run'), str(tmp_path / 'copy')
+    train.main(args + [f'--out_dir={one}'])
+    proc = torchrun(2, 'train.py', *args, '--fsdp=True', '--compile=True', '--shard_checkpoints_above=0',
+                    f'--out_dir={out}', TORCH_LOGS='recompiles')
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert 'Recompiling function forward' in proc.stderr  # the log is on
+    assert 'recompile_limit' not in proc.stderr and 'cache_size_limit' not in proc.stderr
+    for event, key in (('step', 'loss'), ('eval', 'val_loss'), ('eval', 'train_loss')):
+        a, b = records(one, event), records(out, event)
+        assert len(a) == len(b) > 0 and [r[key] for r in a] == pytest.approx([r[key] for r in b], abs=1e-5)
     shutil.copytree(out, copy)
     with pytest.raises(FileNotFoundError, match='export it first: python annex/cluster.py export .*best'):
         load_checkpoint(out, which='best')
     assert cluster.export(out, 'best') == os.path.join(out, 'best.pt')
-    weights, adam = exported(out)
+    weights, _ = exported(out)
+    w1 = torch.load(os.path.join(one, 'ckpt.pt'), weights_only=True)['model']
+    assert w1.keys() == weights.keys() and all(torch.allclose(w1[k], weights[k], atol=1e-5) for k in w1)
     model, ckpt = load_checkpoint(out)
     assert ckpt['iter_num'] == 4 and ckpt['config']['shard_checkpoints_above'] == 0
     sample.main([f'--out_dir={out}', '--max_new_tokens=3', '--num_samples=1'])
