@@ -270,7 +270,7 @@ def check_room(out_dir, n_bytes, gathered):
     """Why saving a checkpoint of n_bytes would fail, or None: too little free disk for three (best, latest
     and the one being written, until it replaces the latest), or, when gathered into one process, too little
     host RAM (Linux's MemAvailable) to hold it."""
-    have = sum(os.path.exists(os.path.join(out_dir, n)) for n in CHECKPOINTS.values())
+    have = sum(os.path.exists(os.path.join(out_dir, n)) for n in (*CHECKPOINTS.values(), *SHARDED.values()))
     free = shutil.disk_usage(out_dir).free
     if free < (3 - have) * n_bytes:
         return (f'{out_dir} has {free / 2**30:.1f} GiB free; its checkpoints need '

@@ -127,8 +127,15 @@ def save_sharded(model, optimizer, fields, out_dir, best, env):
         if best:
             links = os.path.join(out_dir, SHARDED['best']) + '.tmp'
             shutil.rmtree(links, ignore_errors=True)
-            shutil.copytree(final, links, copy_function=os.link)  # the same bytes, no copy
+            shutil.copytree(final, links, copy_function=link_or_copy)
             swap_in(links, os.path.join(out_dir, SHARDED['best']))
+
+
+def link_or_copy(src, dst):  # the same bytes, no copy; a copy where links are not supported
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def swap_in(tmp, final):

@@ -127,6 +127,8 @@ def test_fsdp_compiled_matches_one_process_and_its_shards_export(data_dir, tmp_p
     for event, key in (('step', 'loss'), ('eval', 'val_loss'), ('eval', 'train_loss')):
         a, b = records(one, event), records(out, event)
         assert len(a) == len(b) > 0 and [r[key] for r in a] == pytest.approx([r[key] for r in b], abs=1e-5)
+    best, latest = (os.stat(os.path.join(out, name, '__0_0.distcp')) for name in ('best.dcp', 'ckpt.dcp'))
+    assert best.st_ino == latest.st_ino  # the last eval improved: best.dcp/ links to its files, no copy
     shutil.copytree(out, copy)
     with pytest.raises(FileNotFoundError, match='export it first: python annex/cluster.py export .*best'):
         load_checkpoint(out, which='best')
