@@ -47,10 +47,13 @@ def load_checkpoint(path, device='cpu', which='latest', language_model=False, ve
             "give a run's out_dir or its ckpt.pt / best.pt (train one with `python train.py`)"
         raise FileNotFoundError(f"no checkpoint at {path}: {how}")
     device = pick_device(device)
-    try:
-        damaged = verify and zipfile.is_zipfile(path) and zipfile.ZipFile(path).testzip()
-    except (zipfile.BadZipFile, OSError, EOFError) as e:
-        damaged = f'({type(e).__name__}: {e})'
+    damaged = None
+    if verify and zipfile.is_zipfile(path):  # not one: torch.load's error below says so
+        try:
+            with zipfile.ZipFile(path) as archive:
+                damaged = archive.testzip()
+        except (zipfile.BadZipFile, OSError, EOFError) as e:
+            damaged = f'({type(e).__name__}: {e})'
     if damaged:
         raise ValueError(f"checkpoint {path} is damaged: {damaged} fails its CRC-32 check (bytes changed on "
                          "disk or in a copy). Copy it again, or use the run's other checkpoint (ckpt.pt / "

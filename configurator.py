@@ -159,7 +159,7 @@ def resolve(cfg, world):
                'batch_size, block_size and gradient_accumulation_steps must be positive'),
               (cfg.max_iters >= 0, f'max_iters ({cfg.max_iters}) must be >= 0 (0 = evaluate the initial '
                'model)'),
-              (cfg.paper_val >= 0 and (cfg.eval_interval_warmup or 1) > 0,
+              (cfg.paper_val >= 0 and (cfg.eval_interval_warmup is None or cfg.eval_interval_warmup > 0),
                'paper_val must be >= 0 (0 = off) and eval_interval_warmup positive (or None: eval_interval)'),
               (world == 1 or not cfg.fsdp_shard or cfg.fsdp and world % cfg.fsdp_shard == 0,
                f'fsdp_shard={cfg.fsdp_shard} needs fsdp=True and must divide the {world} processes (a '

@@ -328,7 +328,8 @@ def train(cfg, env):
             iter_num=iter_num, best_val_loss=best_val_loss, best_iter=best_iter, last_eval=last_eval,
             wall_time_s=wall_time + time.time() - t_start, diverged=reason), {
             **seen(cfg, data, iter_num), 'n_params': raw.get_num_params(),
-            f'budget_{data.unit}': data.n_train, 'unigram_entropy': data.entropy, 'config': config})
+            f'budget_{data.unit}': data.n_train, 'unigram_entropy': data.entropy, 'config': config,
+            'layout': meta.get('layout', 'file')})  # the tokenization: the study's row by row, or ours
     if writing and status == 'finished':
         print(f"done: {cfg.out_dir} at iter {iter_num}, final val loss {last_eval['val_loss']:.4f}, best "
               f'{best_val_loss:.4f} @ {best_iter}. Next: ' + ('' if data.unit == 'images' else

@@ -11,6 +11,7 @@ import shutil
 import sys
 import warnings
 import zlib
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -185,19 +186,14 @@ def export(out_dir, which='latest'):
     if not os.path.isdir(folder):
         raise SystemExit(f'error: no sharded checkpoint at {folder}')
     fields = read_fields(folder)
-    if bad := damaged(folder):
-        raise SystemExit(f"error: {folder} is damaged: {', '.join(bad)} fail their CRC-32 check")
     del fields['sharded']
     model = build_model(fields['model_args'])
     cfg = fields['config']
     optimizer = model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'],
                                            (cfg['beta1'], cfg['beta2']), 'cpu')
-    state = state_dicts(model, optimizer)
     with warnings.catch_warnings():  # that one process reads it all is the point here
         warnings.filterwarnings('ignore', 'torch.distributed is disabled')
-        dcp.load(state, checkpoint_id=folder, no_dist=True)
-    set_model_state_dict(model, state['model'], options=StateDictOptions(strict=False))
-    set_optimizer_state_dict(model, optimizer, state['optimizer'])
+        load_sharded(model, optimizer, folder, SimpleNamespace(rank=0, world=1, ddp=False, device='cpu'))
     path = os.path.join(out_dir, CHECKPOINTS[which])
     state = training_state(model, optimizer, **fields)
     atomic_write(path, lambda f: torch.save(state, f))

@@ -127,9 +127,9 @@ def collect(grid_dir, opts):
         if s:
             cfg = s['config']
             budget = (cfg['dataset'], cfg['data_dir'], cfg['train_tokens'], cfg.get('budget_docs'))
-            ref = budget_reference(*budget) or dict(
+            ref = budget_reference(*budget) or dict(  # the data is elsewhere: what train.py recorded
                 entropy=s.get('unigram_entropy'), n_train=s.get('budget_tokens'), val_unigram=None,
-                layout=None)
+                layout=s.get('layout'))
             entropy, n_train = ref['entropy'], ref['n_train']
             seen = min(n_train, s['tokens']) if n_train and s.get('tokens') is not None else n_train
             steps = opts['screen_steps'] or cell.get('screen_steps', 500)
@@ -382,10 +382,14 @@ def test_losses(runs, opts):
                 res['error'] = str(e)
             else:
                 for key, name in (('test_final', 'ckpt.pt'), ('test_best', 'best.pt')):
-                    model, _ = load_checkpoint(os.path.join(r['dir'], name), device=opts['device'])
-                    res[key] = eval_perplexity(model, tokens, opts['test_limit'] or None,
-                                               f"{r['name']} {name}", batch_tokens=8192,
-                                               device=opts['device'])['loss']
+                    path = os.path.join(r['dir'], name)
+                    if key == 'test_best' and r['best_iter'] == r['final_iter']:  # the same weights
+                        res[key] = res['test_final']
+                    elif os.path.exists(path):  # no best.pt when step 0 was best: not saved
+                        model, _ = load_checkpoint(path, device=opts['device'])
+                        res[key] = eval_perplexity(model, tokens, opts['test_limit'] or None,
+                                                   f"{r['name']} {name}", batch_tokens=8192,
+                                                   device=opts['device'])['loss']
             write_json(cache, res)
         r.update(test_final=res.get('test_final'), test_best=res.get('test_best'),
                  test_error=res.get('error'))

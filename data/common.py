@@ -168,14 +168,10 @@ def max_id(tokens, chunk=1 << 24):
 
 
 def entropy_of(counts):
+    """Entropy in nats of token frequencies (counts): the loss of a model that predicts only those (a
+    collapsed one)."""
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())
-
-
-def unigram_entropy(tokens):
-    """Entropy in nats of the token frequencies: the loss of a model that predicts only those (a collapsed
-    one)."""
-    return entropy_of(token_counts(tokens))
 
 
 # ----------------------------------------------------------------------------- what train.py trains on
@@ -251,7 +247,8 @@ class TokenData:
     def __init__(self, train, val, block_size, eval_count, eval_seed, paper_val=None):
         self.train, self.val, self.val_paper, self.block_size = train, val, paper_val, block_size
         self.n_train, self.per_sample = len(train), block_size
-        self.entropy = unigram_entropy(train)  # the loss of predicting token frequencies only (a collapse)
+        counts = token_counts(train)  # one pass over the budget: its largest id, and its entropy
+        self.top_id, self.entropy = len(counts) - 1, entropy_of(counts)  # entropy: a collapsed model's loss
         train_ids = random_windows(len(train), eval_count, block_size + 1, eval_seed)
         self.eval_ids = {'train': torch.from_numpy(train_ids),
                          'val': torch.linspace(0, len(val) - block_size - 1, eval_count).long()}
@@ -301,8 +298,9 @@ def open_data(cfg, env, eval_seed):
             raise DataError(f'the val split ({len(val):,} tokens, val_tokens={cfg.val_tokens}) is shorter '
                             f'than block_size+1 ({cfg.block_size + 1})')
         train = budget_tokens(train, cfg.train_tokens, cfg.budget_docs, eot_id(meta))
-        for split, tokens in (('train', train), ('val', val)):  # once: ids past the vocabulary are garbage
-            if (top := max_id(tokens)) >= meta['vocab_size']:
+        data = TokenData(train, val, cfg.block_size, eval_count, eval_seed, paper)
+        for split, top in (('train', data.top_id), ('val', max_id(val))):  # ids past the vocabulary: garbage
+            if top >= meta['vocab_size']:
                 raise DataError(f"the {split} split (as trained on) holds token id {top:,}, but meta.json's "
                                 f"vocab_size is {meta['vocab_size']:,}: ids must be below it. Fix "
                                 'vocab_size, or the token files (another tokenizer? the wrong "dtype"?)')
@@ -313,7 +311,7 @@ def open_data(cfg, env, eval_seed):
     elif cfg.vocab_size < meta['vocab_size']:
         raise SystemExit(f"error: vocab_size={cfg.vocab_size} is smaller than the dataset's vocabulary "
                          f"({meta['vocab_size']} in meta.json); use vocab_size=None (padded automatically)")
-    return meta, TokenData(train, val, cfg.block_size, eval_count, eval_seed, paper)
+    return meta, data
 
 # ----------------------------------------------------------------------------- files of a run
 

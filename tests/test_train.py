@@ -272,6 +272,7 @@ def test_tiny_run_learns_and_records_everything(data_dir, tmp_path):
     assert summary['best_iter'] == min(evals, key=lambda r: r['val_loss'])['iter']
     assert summary['final_train_loss'] == evals[-1]['train_loss']
     assert summary['tokens'] == 40 * 64 and summary['diverged'] is False and summary['wall_time_s'] > 0
+    assert summary['layout'] == 'file'  # the tiny folder's meta.json has no "layout": a whole-file encode
     assert set(summary['alphas']) == set(layers) and len(summary['saturation_layers']) == 5
     assert summary['config']['train_tokens'] == 20000 and summary['n_params'] > 0
     assert json.load(open(os.path.join(out, 'config.json')))['norm'] == 'dyt'
