@@ -1,24 +1,21 @@
 """
-Measure what the study's explanation rests on (Verma 2026; docs/analysis.md), for checkpoints side by side:
-    saturation  fraction of outputs with |f| > tanh(t), f = tanh(alpha*x) or erf(alpha*x + s) (DyT: |alpha*x|
-                > t), t in 0.5..3.0, in every point-wise norm layer (DyT/Derf, the final one too), on random
-                train windows; global and per layer. Others: input std per norm layer.
-    spectra     HTSR of every 2-D weight: power-law alpha of the eigenvalues of W^T W (Clauset fit, as
-                WeightWatcher does it), xmin, KS distance D, tail size, lambda_max, alpha_weighted, stable
-                rank.
-    rank        effective rank (Roy & Vetterli) of each block's output (B*T, D), not centred, and of weights.
-    alpha       learned DyT/Derf alpha against 1/std of the layer's input, and their Pearson correlation.
-    all         everything, with one forward pass and one eigendecomposition per matrix.
+Measure what the study's explanation rests on (Verma 2026; docs/analysis.md), checkpoints side by side:
+  saturation  the fraction of outputs with |f| > tanh(t), f = tanh(alpha x) or erf(alpha x + s) (DyT:
+              |alpha x| > t), t in 0.5..3.0, in each point-wise norm layer, on train windows (the first
+              of those train.py measures on); global and per layer. Every norm: its input std.
+  spectra     HTSR of every 2-D weight: the power-law alpha of the eigenvalues of W^T W (Clauset's fit,
+              as WeightWatcher does it), xmin, KS distance D, tail size, lambda_max, alpha_weighted,
+              stable rank.
+  rank        effective rank (Roy & Vetterli) of each block's output (B*T, D), not centred, and of weights.
+  alpha       the learned DyT/Derf alpha against 1/std of the layer's input; their Pearson correlation.
+  all         everything, with one forward pass and one eigendecomposition per matrix.
 
-    python analyze.py saturation out-dyt                     # a directory means its ckpt.pt
-    python analyze.py all out-ln out-dyt --ckpt=best --json=cmp.json --plot=figs
+  python analyze.py saturation out-dyt                     # a directory means its ckpt.pt
+  python analyze.py all out-ln out-dyt --ckpt=best --json=cmp.json --plot=figs
 
-Options (--key=value): ckpt (latest|best: a directory's ckpt.pt or best.pt), windows, seed, block_size (0 =
-the model's), batch_size, device, min_evals, max_evals, max_n (skip weights whose long side exceeds it),
-dataset and data_dir (where the train split is read), train_tokens (windows in the first N train tokens; -1 =
-the model's budget: its prefix, or its budget_docs subset; 0 = all), json=FILE (schema in docs/analysis.md),
-plot=DIR (annex/plots.py, matplotlib).
-The windows are the first of those train.py measures saturation on (data.common.random_windows).
+Options (--help): ckpt (latest|best), block_size (0 = the model's), max_n (skip weights with a longer
+side), dataset and data_dir (of the train split), train_tokens (-1 = the model's budget, 0 = all),
+json=FILE (schema in docs/analysis.md), plot=DIR (annex/plots.py, matplotlib).
 """
 import difflib
 import math
@@ -31,8 +28,9 @@ import torch
 
 import norm_stats
 from checkpoint import CHECKPOINTS, checkpoint_file, load_checkpoint
-from configurator import annex, configure, pick_device, split_args
-from data.common import DataError, budget_tokens, eot_id, load_meta, load_split, random_windows, write_json
+from configurator import annex, configure, split_args
+from data.common import DataError, data_budget, load_meta, load_split, random_windows, write_json
+from distributed import pick_device
 
 COMMANDS = ("saturation", "spectra", "rank", "alpha", "all")
 DEFAULTS = dict(ckpt="latest", windows=50, seed=1337, block_size=0, batch_size=10, device="auto",
@@ -45,10 +43,10 @@ EVALS_THRESH = 1e-5   # as WeightWatcher: eigenvalues at or below this count as 
 # ----------------------------------------------------------------------------- the math (no model needed)
 
 def fit_powerlaw(evals):
-    """Continuous power-law fit of an ESD's tail (Clauset, Shalizi & Newman 2009), as WeightWatcher's default
-    fit does it: every eigenvalue but the largest is a candidate xmin; alpha = 1 + n / sum ln(l_i / xmin) over
-    the n eigenvalues l_i >= xmin; D = max |fitted CDF - empirical CDF| over that tail, the empirical CDF at
-    its k-th point (k from 0) being k/n; the xmin with the smallest D wins."""
+    """Continuous power-law fit of an ESD's tail (Clauset, Shalizi & Newman 2009), as WeightWatcher's
+    default fit: every eigenvalue but the largest is a candidate xmin; alpha = 1 + n / sum ln(l_i /
+    xmin) over the n eigenvalues l_i >= xmin; D = max |fitted CDF - empirical CDF| over that tail, the
+    empirical CDF at its k-th point (k from 0) being k/n; the xmin with the smallest D wins."""
     x = np.sort(np.asarray(evals, dtype=np.float64))
     x = x[x > EVALS_THRESH]
     N = len(x)
@@ -83,16 +81,15 @@ def effective_rank(s):
 
 
 def float64_device(device):
-    """Where float64 work on `device`'s tensors is done: there (on a CPU a big model's Grams take seconds),
-    except on Apple GPUs, which have no float64: the CPU."""
+    """Where float64 work on `device`'s tensors is done: there, but for Apple GPUs (no float64)."""
     device = torch.device(device)
     return torch.device("cpu") if device.type == "mps" else device
 
 
 def eigenvalues(mats):
-    """Eigenvalues of W^T W (float64, ascending) for each matrix, i.e. its squared singular values: eigvalsh
-    of the Gram matrix on the short side, ~10x faster than an SVD on CPU and accurate to ~1e-16 of lambda_max,
-    far below the fit's cut. Same-shaped matrices share one batched call."""
+    """Eigenvalues of W^T W (float64, ascending) of each matrix, its squared singular values: eigvalsh
+    of the Gram matrix on the short side, ~10x faster than an SVD on CPU and accurate to ~1e-16 of
+    lambda_max. Same-shaped matrices share one batched call."""
     groups, out = {}, {}
     for name, W in mats.items():
         groups.setdefault(tuple(W.shape), []).append(name)
@@ -103,7 +100,8 @@ def eigenvalues(mats):
             W = torch.stack([mats[n] for n in chunk])
             W = W.to(float64_device(W.device)).double()
             gram = W @ W.mT if r <= c else W.mT @ W
-            out.update(zip(chunk, torch.linalg.eigvalsh(gram).clamp(min=0).cpu().numpy()))  # clamp: rounding
+            eig = torch.linalg.eigvalsh(gram).clamp(min=0)  # clamp: rounding
+            out.update(zip(chunk, eig.cpu().numpy()))
     return {name: out[name] for name in mats}
 
 
@@ -148,16 +146,15 @@ def weight_matrices(model, min_evals, max_evals, max_n):
 
 
 def sample_windows(data, count, block_size, seed):
-    """count windows of block_size tokens: the first tokens of train.py's saturation windows (same seed)."""
+    """count windows of block_size tokens: the first tokens of train.py's eval windows (same seed)."""
     starts = random_windows(len(data), count, block_size + 1, seed)
     return torch.from_numpy(np.stack([data[s:s + block_size] for s in starts]).astype(np.int64))
 
 
 @torch.no_grad()
 def forward_stats(model, windows, batch_size=10, block_ranks=False):
-    """Run windows (token ids, or a ViT's images) through the model, recording its norm statistics. Returns
-    norm_stats.read's figures (saturation, alpha, input std per norm layer) and, with block_ranks, the
-    effective rank of each block's output reshaped to (B*T, D)."""
+    """Windows (token ids, or a ViT's images) through the model: norm_stats.read's figures and, with
+    block_ranks, the effective rank of each block's output reshaped to (B*T, D)."""
     device = next(model.parameters()).device
     gram_device = float64_device(device)
     grams = {}   # block i -> sum of A^T A in float64: the singular values of A without keeping A in memory
@@ -197,39 +194,29 @@ def alpha_vs_std(stats):
 
 
 def measurement_windows(model, ckpt, opts):
-    """The fixed random windows the forward measurements use: from the train split, inside the checkpoint's
-    data budget (its train_tokens prefix, or its budget_docs subset: what the model was trained on) unless
-    --train_tokens says otherwise.
-    For a ViT: `windows` train images, those train.py evaluates on when the seed is its EVAL_SEED (1337)."""
+    """(dataset, windows, tokens seen): the fixed train windows (a ViT's train images) the forward
+    measurements use, inside the checkpoint's data budget unless --train_tokens says otherwise."""
     cfg = ckpt.get("config", {})
     dataset = opts["dataset"] or cfg.get("dataset")
     if not dataset:
         raise SystemExit("analyze.py: the checkpoint does not name its dataset; pass --dataset=NAME")
     data_dir = opts["data_dir"] or (None if opts["dataset"] else cfg.get("data_dir"))
-    elsewhere = "\n(or point to the data with --dataset=NAME / --data_dir=DIR)"
-    if "patch_size" in ckpt["model_args"]:  # a ViT: train.py's fixed eval images (this seed), as they are
-        try:
-            vit = annex("vit", "a ViT checkpoint")
-            return (dataset, *vit.analysis_images(dataset, data_dir, opts["windows"], opts["seed"]))
-        except DataError as e:
-            raise SystemExit(f"analyze.py: {e}{elsewhere}") from None
     block_size = opts["block_size"] or model.config.block_size
     if block_size > model.config.block_size:
         raise SystemExit(f"analyze.py: --block_size={block_size} exceeds the model's "
                          f"{model.config.block_size}")
     own = opts["train_tokens"] < 0  # the model's budget: its prefix, or its subset of documents
-    budget = cfg.get("train_tokens") if own else opts["train_tokens"] or None
     try:
-        data = load_split(dataset, "train", data_dir)
-        data = budget_tokens(data, budget, cfg.get("budget_docs") if own else None,
-                             eot_id(load_meta(dataset, data_dir)))
-    except DataError as e:
-        raise SystemExit(f"analyze.py: {e}{elsewhere}") from None
-    try:
+        if "patch_size" in ckpt["model_args"]:  # train.py's fixed eval images (this seed)
+            vit = annex("vit", "a ViT checkpoint")
+            return (dataset, *vit.analysis_images(dataset, data_dir, opts["windows"], opts["seed"]))
+        data = data_budget(load_split(dataset, "train", data_dir),
+                           cfg.get("train_tokens") if own else opts["train_tokens"] or None,
+                           cfg.get("budget_docs") if own else None, load_meta(dataset, data_dir))
         windows = sample_windows(data, opts["windows"], block_size, opts["seed"])
     except DataError as e:
-        raise SystemExit(f"analyze.py: {e} (--block_size=N),\nor draw them from the whole split "
-                         "(--train_tokens=0)") from None
+        raise SystemExit(f"analyze.py: {e}\n(--block_size=N, --train_tokens=0 for the whole split, "
+                         "--dataset=NAME / --data_dir=DIR for other data)") from None
     if int(windows.max()) >= model.config.vocab_size:
         raise SystemExit(f"analyze.py: dataset '{dataset}' has token ids >= the model's vocab_size "
                          f"{model.config.vocab_size}: not the data this model was trained on; pass "
@@ -238,7 +225,7 @@ def measurement_windows(model, ckpt, opts):
 
 
 def analyze(path, command, opts):
-    """All figures of one checkpoint for the command, as the JSON schema above, plus its spectra for plots."""
+    """All figures of one checkpoint for the command (the JSON schema), and its spectra for plots."""
     try:
         model, ckpt = load_checkpoint(path, device=opts["device"])
     except (FileNotFoundError, ValueError) as e:
@@ -383,7 +370,7 @@ def parse_args(argv):
         raise SystemExit(f"analyze.py: --ckpt={opts['ckpt']} is not a checkpoint choice; use "
                          + " or ".join(f"{k} ({f})" for k, f in CHECKPOINTS.items()))
     if opts["windows"] < 1 or opts["batch_size"] < 1:
-        raise SystemExit("--windows and --batch_size must be positive")
+        raise SystemExit("analyze.py: --windows and --batch_size must be positive")
     try:
         opts["device"] = pick_device(opts["device"])
     except ValueError as e:

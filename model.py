@@ -1,6 +1,6 @@
 """
 One GPT for the question "when does removing LayerNorm help?". Flags switch, each in one place below:
-  norm: 'layernorm' | 'rmsnorm' | 'dyt' | 'derf' | 'hardtanh'   -> the five norms and make_norm()
+  norm: 'layernorm' | 'rmsnorm' | 'dyt' | 'derf' | 'hardtanh'   -> the five norms, NORMS
   attn: 'standard' | 'diff' (Differential Attention)             -> CausalSelfAttention
   mlp:  'gelu' | 'swiglu'                                        -> MLP
   pos:  'learned' | 'rope'                                       -> apply_rope(), GPT.forward
@@ -15,15 +15,15 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-NORMS = ('layernorm', 'rmsnorm', 'dyt', 'derf', 'hardtanh')
-
-
 # ------------------------------------------------------------------------------------------------------------
-# The norms. DyT and Derf replace the statistics of LayerNorm and RMSNorm by a bounded function of each value
-# alone, with ONE learnable alpha per layer; HardTanh is the study's control, the bound without the slope.
+# The norms, each built as Norm(ndim, bias, eps, alpha0) and using what it needs. DyT and Derf replace the
+# statistics of LayerNorm and RMSNorm by a bounded function of each value alone, with ONE learnable alpha
+# per layer; HardTanh is the study's control, the bound without the slope. A norm with squashed(x) (what
+# its bounded f is applied to) and cut(t) (|f(u)| > tanh(t) exactly where |u| > cut(t)) has its saturation
+# measured (norm_stats.py). Add a norm: one class, one entry in NORMS (README, "Add your own norm").
 
 class LayerNorm(nn.Module):
-    def __init__(self, ndim, bias, eps):
+    def __init__(self, ndim, bias=False, eps=1e-5, alpha0=None):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(ndim))
@@ -34,7 +34,7 @@ class LayerNorm(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, ndim, eps):
+    def __init__(self, ndim, bias=False, eps=1e-5, alpha0=None):  # no bias, as Llama's
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(ndim))
@@ -48,36 +48,50 @@ class RMSNorm(nn.Module):
 class DyT(nn.Module):
     """Dynamic Tanh: gamma * tanh(alpha * x) + beta."""
 
-    def __init__(self, ndim, bias, alpha0):
+    def __init__(self, ndim, bias=False, eps=None, alpha0=0.5):
         super().__init__()
         self.alpha = nn.Parameter(torch.full((1,), float(alpha0)))
         self.weight = nn.Parameter(torch.ones(ndim))
         self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
 
+    def squashed(self, x):
+        return self.alpha * x
+
+    @staticmethod
+    def cut(t):
+        return t
+
     def forward(self, x):
-        y = torch.tanh(self.alpha * x)
+        y = torch.tanh(self.squashed(x))
         return y * self.weight if self.bias is None else torch.addcmul(self.bias, y, self.weight)
 
 
 class Derf(nn.Module):
     """Dynamic erf: gamma * erf(alpha * x + s) + beta, with ONE learnable shift s too."""
 
-    def __init__(self, ndim, bias, alpha0):
+    def __init__(self, ndim, bias=False, eps=None, alpha0=0.5):
         super().__init__()
         self.alpha = nn.Parameter(torch.full((1,), float(alpha0)))
         self.shift = nn.Parameter(torch.zeros(1))
         self.weight = nn.Parameter(torch.ones(ndim))
         self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
 
+    def squashed(self, x):
+        return self.alpha * x + self.shift
+
+    @staticmethod
+    def cut(t):  # 1.483 at t = 2 (|u| > 2 would be at 99.5% of the bound)
+        return torch.erfinv(torch.tanh(torch.tensor(t, dtype=torch.float64))).item()
+
     def forward(self, x):
-        y = torch.erf(self.alpha * x + self.shift)
+        y = torch.erf(self.squashed(x))
         return y * self.weight if self.bias is None else torch.addcmul(self.bias, y, self.weight)
 
 
 class HardTanh(nn.Module):
     """clip(x, -1, 1) * gamma + beta."""
 
-    def __init__(self, ndim, bias):
+    def __init__(self, ndim, bias=False, eps=None, alpha0=None):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(ndim))
         self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
@@ -87,18 +101,13 @@ class HardTanh(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
+NORMS = {'layernorm': LayerNorm, 'rmsnorm': RMSNorm, 'dyt': DyT, 'derf': Derf, 'hardtanh': HardTanh}
+
+
 def make_norm(config, alpha0=None):
-    """The one place where the model chooses its normalization; alpha0 None = config.dyt_alpha."""
+    """The one place where the model builds a norm; alpha0 None = config.dyt_alpha."""
     alpha0 = config.dyt_alpha if alpha0 is None else alpha0
-    if config.norm == 'layernorm':
-        return LayerNorm(config.n_embd, config.bias, config.norm_eps)
-    if config.norm == 'rmsnorm':
-        return RMSNorm(config.n_embd, config.norm_eps)
-    if config.norm == 'dyt':
-        return DyT(config.n_embd, config.bias, alpha0)
-    if config.norm == 'derf':
-        return Derf(config.n_embd, config.bias, alpha0)
-    return HardTanh(config.n_embd, config.bias)
+    return NORMS[config.norm](config.n_embd, config.bias, config.norm_eps, alpha0)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -233,7 +242,7 @@ class GPTConfig:
     rope_theta: float = 10000.0
 
     def __post_init__(self):
-        for key, allowed in dict(norm=NORMS, attn=('standard', 'diff'), mlp=('gelu', 'swiglu'),
+        for key, allowed in dict(norm=tuple(NORMS), attn=('standard', 'diff'), mlp=('gelu', 'swiglu'),
                                  pos=('learned', 'rope')).items():
             if getattr(self, key) not in allowed:
                 raise ValueError(f"{key}={getattr(self, key)!r} is not known; choose one of {allowed}")
@@ -297,6 +306,11 @@ class GPT(nn.Module):
         if non_embedding and self.config.pos == 'learned':
             n -= self.transformer.wpe.weight.numel()
         return n
+
+    def describe(self):  # what train.py prints of the model
+        c = self.config
+        return (f'{self.get_num_params():,} parameters ({c.norm}, {c.attn} attention, {c.mlp} MLP, '
+                f'{c.pos} positions)')
 
     def hidden(self, idx):  # the final norm's output (B, T, n_embd): what lm_head reads
         B, T = idx.shape

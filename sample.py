@@ -3,19 +3,19 @@ Sample from a trained model (any variant), decoding with the tokenizer the run w
 
   python sample.py --out_dir=out --start="def " --num_samples=3 --max_new_tokens=200
   python sample.py --out_dir=out/gpt2_64m_dyt --ckpt=best --start=FILE:prompt.txt --temperature=0.7
-  python sample.py --help                           # the keys and defaults (nanoGPT's init_from is gone)
 """
 import sys
 
 import torch
 
 from checkpoint import CHECKPOINTS, checkpoint_file, load_checkpoint
-from configurator import config_keys, configure, pick_device, precision
+from configurator import config_keys, configure
 from data.common import DataError, get_tokenizer
+from distributed import pick_device, precision
 
-# -----------------------------------------------------------------------------------------------------------
+# -----------------------------------------------------------------------------------------------------
 out_dir = 'out'
-ckpt = 'latest'  # out_dir's 'latest' (ckpt.pt) or 'best' (best.pt), as in analyze.py; or a checkpoint file
+ckpt = 'latest'  # out_dir's 'latest' (ckpt.pt) or 'best' (best.pt), as in analyze.py; or a file
 start = '\n'  # the prompt, or "FILE:path" to read it from a file
 num_samples = 3
 max_new_tokens = 200
@@ -26,45 +26,45 @@ device: str | None = None  # None = 'cuda' if available, else 'mps', else 'cpu'
 dtype: str | None = None  # 'float32', 'bfloat16' or 'float16'; None = bfloat16 on CUDA if supported
 compile = False  # torch.compile the forward that generate calls (dynamic shapes: the sequence grows)
 tiktoken_file: str | None = None  # GPT-2 .tiktoken ranks file for offline machines
-# -----------------------------------------------------------------------------------------------------------
+# -----------------------------------------------------------------------------------------------------
 DEFAULTS, OPTIONAL_TYPES = config_keys(globals())
 
 
 def main(argv):
     cfg = configure(DEFAULTS, argv, OPTIONAL_TYPES, __doc__)
-    path = checkpoint_file(cfg['out_dir'], cfg['ckpt']) if cfg['ckpt'] in CHECKPOINTS else cfg['ckpt']
-    torch.manual_seed(cfg['seed'])
+    path = cfg['ckpt']
+    if path in CHECKPOINTS:
+        path = checkpoint_file(cfg['out_dir'], path)
+    if cfg['dtype'] not in (None, 'float32', 'bfloat16', 'float16'):
+        raise SystemExit(f"error: dtype={cfg['dtype']!r} is not known; use 'float32', 'bfloat16' or "
+                         "'float16'")
     start = cfg['start']
+    if start.startswith('FILE:'):
+        try:
+            with open(start[5:], encoding='utf-8') as f:
+                start = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise SystemExit(f'error: cannot read the prompt file {start[5:]!r} (--start=FILE:path): {e}')
+    torch.manual_seed(cfg['seed'])
     try:
         device = pick_device(cfg['device'])
-        if cfg['dtype'] not in (None, 'float32', 'bfloat16', 'float16'):
-            raise SystemExit(f"error: dtype={cfg['dtype']!r} is not known; use 'float32', 'bfloat16' or "
-                             "'float16'")
-        dtype, ctx = precision(device, cfg['dtype'])
-        if start.startswith('FILE:'):
-            try:
-                with open(start[5:], encoding='utf-8') as f:
-                    start = f.read()
-            except (OSError, UnicodeDecodeError) as e:
-                raise SystemExit(f'error: cannot read the prompt file {start[5:]!r} (--start=FILE:path): {e}')
+        ctx = precision(device, cfg['dtype'])[1]
         model, checkpoint = load_checkpoint(path, device, language_model=True)
-        tiktoken_file = cfg['tiktoken_file'] or checkpoint.get('config', {}).get('tiktoken_file')  # the run's
+        tiktoken_file = cfg['tiktoken_file'] or checkpoint.get('config', {}).get('tiktoken_file')
         tok = get_tokenizer(checkpoint.get('tokenizer', 'gpt2'), tiktoken_file)
     except (FileNotFoundError, ValueError, DataError) as e:
         raise SystemExit(f'error: {e}') from None
-    if cfg['compile']:
-        # in place: torch.compile(model) would return a wrapper whose generate() still calls the eager forward
+    if cfg['compile']:  # in place: torch.compile(model)'s generate() would call the eager forward
         model.compile(dynamic=True)
-
     ids = tok.encode(start) or [tok.eot]  # an empty prompt starts from end-of-text
     if max(ids) >= model.config.vocab_size:
         raise SystemExit(f"error: the prompt has token id {max(ids)}, outside the model's vocabulary "
-                         f"({model.config.vocab_size}); is the checkpoint's tokenizer ({tok.name}) the "
-                         "data's?")
+                         f"({model.config.vocab_size}); is the checkpoint's tokenizer ({tok.name}) "
+                         "the data's?")
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, -model.config.block_size:]
     with torch.no_grad(), ctx:
         for _ in range(cfg['num_samples']):
-            y = model.generate(x, cfg['max_new_tokens'], temperature=cfg['temperature'], top_k=cfg['top_k'])
+            y = model.generate(x, cfg['max_new_tokens'], cfg['temperature'], cfg['top_k'])
             # ids past the tokenizer's vocabulary are padding rows of the embedding: never real text
             print(tok.decode([i for i in y[0].tolist() if i < tok.n_vocab]))
             print('---------------')

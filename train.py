@@ -1,20 +1,20 @@
 """
 Train a GPT variant (model.py) on a tokenized corpus: on a CPU, one GPU, or many with torchrun.
 
-  python train.py                   # a tiny byte-level GPT on the offline pydocs corpus: ~1 min, 2 CPU cores
-  python train.py config/gpt2_64m_dyt.py --train_tokens=1_000_000 --seed=42 --out_dir=out/64m_dyt_1M_s42
+  python train.py                   # a tiny byte-level GPT on the offline pydocs corpus: ~1 min, 2 CPUs
+  python train.py config/gpt2_64m_dyt.py --train_tokens=1_000_000 --seed=42 --out_dir=out/64m_dyt_1M
   torchrun --standalone --nproc_per_node=8 train.py config/gpt2_64m_dyt.py --init_from=auto
 
-Keys: the globals below, then config files, then --key=value (configurator.py). Writes config.json, log.jsonl,
-ckpt.pt, best.pt, summary.json to out_dir; SIGTERM, SIGUSR1, Ctrl-C stop at the next step, ckpt.pt written.
-Exit status 0 finished, 3 diverged, 4 stopped, 1 error. Annexes where needed: annex/*.py.
+Keys: the globals below, then config files, then --key=value (configurator.py). Writes config.json,
+log.jsonl, ckpt.pt, best.pt, summary.json to out_dir; SIGTERM, SIGUSR1, Ctrl-C stop at the next step,
+ckpt.pt written. Exit status 0 finished, 3 diverged, 4 stopped, 1 error.
 """
 import gc
 import math
 import signal
 import sys
 import time
-from dataclasses import fields
+from dataclasses import asdict
 from types import SimpleNamespace
 
 import torch
@@ -22,36 +22,36 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import norm_stats
-from checkpoint import (any_failed, append_log, build_model, check_room, clear_stale, load_training_state,
-                        prepare_run_dir, read_resume_checkpoint, save_run, write_summary)
-from configurator import LONG_TIMEOUT, annex, config_keys, configure, set_timeout, setup
+from checkpoint import (LoopState, build_model, clear_stale, has_ended, load_training_state,
+                        read_resume_checkpoint, save_run)
+from configurator import annex, config_keys, configure
 from data.common import derived_seed, micro_batches, open_data
-from model import GPTConfig
+from distributed import LONG_TIMEOUT, any_failed, check_train_config, set_timeout, setup, world_size
+from evaluate import collapse_warnings, evaluate
+from run_files import append_log, prepare_run_dir, write_summary
 
-# ------------------------------------------------------------------------------------------------------------
-# default config: a tiny model on the offline pydocs corpus that learns visibly in a minute on 2 CPU cores
+# ------------------------------------------------------------------------------------------------------
+# default config: a tiny model on the offline pydocs corpus that learns visibly in a minute on 2 CPUs
 # I/O
 out_dir = 'out'
 eval_interval = 100
-eval_interval_warmup: int | None = None  # evals this often until warmup ends (an early best); None = as after
+eval_interval_warmup: int | None = None  # evals this often until warmup ends (an early best)
 log_interval = 10
 eval_iters = 10  # batches per split per evaluation (image data: val is the whole test set)
 eval_only = False
-always_save_checkpoint = True  # False: ckpt.pt written only when val loss improves, and at the end (nanoGPT)
-init_from = 'scratch'  # 'scratch', 'resume' (out_dir/ckpt.pt) or 'auto' (resume if there is one: requeues)
-overwrite = False  # a scratch run refuses an out_dir that holds a run (sweeps must not clobber each other)
+always_save_checkpoint = True  # False: ckpt.pt only when val loss improves, and at the end (nanoGPT)
+init_from = 'scratch'  # 'scratch', 'resume' (out_dir/ckpt.pt) or 'auto' (resume if there is one)
+overwrite = False  # a scratch run refuses an out_dir that holds a run (sweeps must not clobber)
 wandb_log = False
 wandb_project = 'nanonorm'
 wandb_run_name = 'run'
 # data
 dataset = 'pydocs'
 data_dir: str | None = None  # the folder with train.bin, val.bin and meta.json; None = data/<dataset>
-train_tokens: int | None = None  # the data budget: windows in the first train_tokens train tokens; None = all
-budget_docs: int | None = None  # an int: the budget is a random subset of whole documents, from this seed
-val_tokens: int | None = None  # evaluate on the first val_tokens val tokens (for every budget); None = all
-paper_val = 0  # > 0: also log val_loss_paper, the study's protocol (README): this many windows, redrawn
-tiktoken_file: str | None = None  # a GPT-2 .tiktoken ranks file for offline machines (sample.py reads it too)
-gradient_accumulation_steps = 1  # micro-batches per step in all: batch_size x this = sequences per step
+train_tokens: int | None = None  # the data budget: the first train_tokens train tokens; None = all
+val_tokens: int | None = None  # evaluate on the first val_tokens val tokens (every budget); None = all
+tiktoken_file: str | None = None  # a GPT-2 .tiktoken ranks file for offline machines (sample.py too)
+gradient_accumulation_steps = 1  # micro-batches per step in all: batch_size x this = sequences/step
 batch_size = 16  # sequences per micro-batch, at most
 block_size = 128
 # model: GPTConfig's fields (model.py)
@@ -61,7 +61,7 @@ n_embd = 128
 n_kv_head: int | None = None
 dropout = 0.0
 bias = False
-norm = 'layernorm'  # 'layernorm', 'rmsnorm', 'dyt', 'derf' or 'hardtanh'
+norm = 'layernorm'  # 'layernorm', 'rmsnorm', 'dyt', 'derf' or 'hardtanh' (model.NORMS)
 norm_eps = 1e-5
 dyt_alpha = 0.5  # alpha0 of DyT and Derf; the study uses 2.0
 dyt_alpha_attn: float | None = None  # per place, the DyT paper's LLM rule; None = dyt_alpha
@@ -74,8 +74,6 @@ mlp = 'gelu'  # or 'swiglu'
 pos = 'learned'  # or 'rope'
 rope_theta = 10000.0
 vocab_size: int | None = None  # None = the dataset's, padded to a multiple of 64 (GPT-2's 50304)
-patch_size = 4  # image data (annex/vit.py): the ViT's patches and pooling, 'cls' or 'mean'
-pool, vit_as_run = 'cls', False  # vit_as_run: the study's ViT as its code ran (annex/vit.py)
 # AdamW (weight decay on >= 2-D weights only) and the learning-rate schedule
 learning_rate = 2e-3
 max_iters = 300
@@ -87,25 +85,29 @@ decay_lr = True  # linear warmup, then cosine down to min_lr at lr_decay_iters; 
 warmup_iters = 30
 lr_decay_iters = 300
 min_lr = 2e-4
-spike_factor: float | None = None  # stop when a loss exceeds this x the best smoothed one (non-finite always)
+spike_factor: float | None = None  # stop when a loss exceeds this x the best smoothed one
 # system
 device: str | None = None  # None = 'cuda' if available, else 'mps', else 'cpu'
 dtype: str | None = None  # 'float32' or 'bfloat16' (autocast); None = bfloat16 on CUDA if supported
 compile = False
 backend: str | None = None  # torch.distributed's; None = 'nccl' on CUDA, 'gloo' otherwise
-fsdp = False  # under torchrun: shard weights, gradients and AdamW state with FSDP2 (the 3.78b configs)
-fsdp_shard = 0  # HSDP: shard within groups of this many processes (a node's GPUs), replicate across; 0 = all
-fsdp_bf16 = False  # FSDP: bf16 weight gathers, fp32 gradient reduces (torchtitan's); False: DDP's numbers
-peak_flops: float | None = None  # the device's peak FLOP/s for MFU; None = by GPU name (annex/memory.py)
-launcher: str | None = None  # 'srun': one process per srun task (annex/cluster.py); None = torchrun's, or one
-step_timeout = 600  # seconds a step's collectives wait for a lost process (checkpoint writes: 1 hour)
-shard_checkpoints_above = 1e9  # parameters: a bigger multi-process run saves per-process shards (ckpt.dcp/)
+peak_flops: float | None = None  # the device's peak FLOP/s for MFU; None = by GPU name (annex/memory)
+step_timeout = 600  # seconds a step's collectives wait for a lost process (saves: an hour)
 seed = 1337
-# ------------------------------------------------------------------------------------------------------------
+# read by the annexes only: the study's protocol (annex/protocol.py), a ViT (annex/vit.py), a cluster
+budget_docs: int | None = None  # the budget: a random subset of whole documents, from this seed
+paper_val = 0  # > 0: also log val_loss_paper, the study's protocol (README): this many windows
+patch_size = 4  # image data: the ViT's patches and pooling, 'cls' or 'mean'
+pool = 'cls'
+vit_as_run = False  # the study's ViT as its code ran
+fsdp = False  # under torchrun: shard weights, gradients and AdamW state with FSDP2 (annex/cluster.py)
+fsdp_shard = 0  # HSDP: shard within groups of this many processes (a node's GPUs); 0 = all
+fsdp_bf16 = False  # FSDP: bf16 weight gathers, fp32 gradient reduces (torchtitan's)
+launcher: str | None = None  # 'srun': one process per srun task; None = torchrun's, or one
+shard_checkpoints_above = 1e9  # parameters: a bigger multi-process run saves shards (ckpt.dcp/)
+# ------------------------------------------------------------------------------------------------------
 DEFAULTS, OPTIONAL_TYPES = config_keys(globals())
 EVAL_SEED = 1337  # the fixed train-split eval windows: analyze.py's (data.common.random_windows)
-COLLAPSE_MARGIN = 0.1  # nats: a train loss this close to the entropy of the token (class) frequencies
-COLLAPSE_AFTER = 200  # steps (or warmup's, if fewer) before it warns: the study's warmup outlasts its screen
 EXIT_DIVERGED, EXIT_STOPPED = 3, 4
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
@@ -123,11 +125,15 @@ def get_lr(it, cfg):
 
 def main(argv):
     cfg = SimpleNamespace(**configure(DEFAULTS, argv, OPTIONAL_TYPES, __doc__))
+    if cfg.launcher is not None:  # only when asked: Slurm's variables alone make no process one of many
+        annex('cluster', f'launcher={cfg.launcher!r}').srun_environment(cfg.launcher)
+    check_train_config(cfg, world_size())
     handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     try:
-        status = train(cfg, env := setup(cfg, STOP_SIGNALS))
+        env = setup(cfg, STOP_SIGNALS)
+        status = train(cfg, env)
         if env.ddp:
-            gc.collect()  # the model freed before its process group (FSDP hooks hold cycles), or gloo aborts
+            gc.collect()  # the model freed before its process group (FSDP hooks hold cycles)
             dist.destroy_process_group()
         return status
     finally:  # main() may run again in the same process (tests, notebooks)
@@ -136,250 +142,304 @@ def main(argv):
 
 
 def train(cfg, env):
+    """The run in out_dir, new or resumed: its data, model and optimizer, then the loop."""
     meta, data = open_data(cfg, env, EVAL_SEED)
     config = vars(cfg).copy()
-    model_args = data.model_args(config) if data.unit == 'images' else {  # a ViT: annex/vit.py's fields
-        f.name: config[f.name] for f in fields(GPTConfig)}
-    resume = cfg.init_from == 'resume'
+    model_args = data.model_args(config)
     if env.master and not cfg.eval_only:
         clear_stale(cfg.out_dir)  # what an interrupted save left
     if env.ddp:
         dist.barrier()
+    resume = cfg.init_from == 'resume'
     ckpt = read_resume_checkpoint(cfg, model_args, data.n_train, env.master) if resume else None
-    if ckpt == 'complete':  # the run in out_dir has ended: its files are left as they are
+    state = LoopState.from_checkpoint(ckpt) if ckpt else LoopState()
+    if resume and has_ended(cfg, state, env.master):  # its files are left as they are
         return 0
-    samples = cfg.batch_size * cfg.gradient_accumulation_steps  # per step, over every process
-    parts = micro_batches(samples, env.world, env.rank, cfg.batch_size)  # this process's (first, count)
-    memory = annex('memory')  # the memory plan, and GPUs' peak FLOP/s for MFU (None: the annex is deleted)
+    parts = micro_batches(samples(cfg), env.world, env.rank, cfg.batch_size)
+    memory = annex('memory')  # the memory plan, GPUs' peak FLOP/s (None: the annex is deleted)
     if env.master:
         changed = ', '.join(f'{k}={v!r}' for k, v in config.items() if v != DEFAULTS[k])
-        print(f"config (all of it in {cfg.out_dir}/config.json): {changed or 'the defaults'}")
-        if memory and data.unit == 'tokens':  # before the model exists: told before it runs out of memory
-            memory.print_plan(GPTConfig(**model_args), cfg, env, max(count for _, count in parts))
-    peak = cfg.peak_flops or (memory and memory.gpu_peak_flops(env.device, env.ptdtype))
-    torch.manual_seed(cfg.seed)
-    if env.fsdp:  # built on the meta device, sharded, each block compiled (annex/cluster.py)
-        raw = model = norm_stats.instrument(annex('cluster', 'fsdp=True').build_sharded(model_args, cfg, env))
-        ddp = None
-    else:  # DDP, then compile: the gradient all-reduce overlaps the compiled backward
-        raw = norm_stats.instrument(build_model(model_args).to(env.device))  # instrumented before compile
-        ddp = DDP(raw, device_ids=[env.local_rank] if env.device_type == 'cuda' else None,
-                  broadcast_buffers=False) if env.ddp else None  # norm statistics are sums: not broadcast
-        model = torch.compile(ddp or raw) if cfg.compile else ddp or raw
+        print(f'config (all of it in {cfg.out_dir}/config.json): {changed}')
+        if memory:  # before the model exists: said before it runs out of memory
+            memory.print_plan(model_args, cfg, env, max(count for _, count in parts))
+    raw, model = build(cfg, env, model_args)
     optimizer = raw.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
                                          env.device_type)
-    n_params = sum(p.numel() for p in raw.parameters())  # what a checkpoint holds (get_num_params drops some)
-    sharded = env.ddp and n_params > cfg.shard_checkpoints_above and annex('cluster', 'sharded checkpoints')
-    iter_num, best_val_loss, best_iter, guard, last_eval, wall_time = 0, float('inf'), None, {}, None, 0.0
     if ckpt:
-        state = load_training_state(raw, optimizer, ckpt, env)
-        iter_num, best_val_loss, best_iter, guard, last_eval, wall_time = state
+        load_training_state(raw, optimizer, ckpt, env)
         del ckpt
+    n_params = sum(p.numel() for p in raw.parameters())  # what a checkpoint holds
+    sharded, peak = None, cfg.peak_flops
+    if env.ddp and n_params > cfg.shard_checkpoints_above:
+        sharded = annex('cluster', 'sharded checkpoints')
+    if peak is None and memory:
+        peak = memory.gpu_peak_flops(env.device, env.ptdtype)
+    sampler = dict(seed=cfg.seed, train_tokens=data.n_train, block_size=cfg.block_size,
+                   budget_docs=cfg.budget_docs, eval_seed=EVAL_SEED)  # the data order, crops
+    # what the steps share; raw: the module the optimizer, checkpoints and norm statistics see,
+    # model: what runs it (DDP and/or torch.compile)
+    run = SimpleNamespace(cfg=cfg, env=env, data=data, raw=raw, model=model, optimizer=optimizer,
+                          parts=parts, sharded=sharded, peak_flops=peak, start_iter=state.iter_num,
+                          writing=env.master and not cfg.eval_only, saved=dict(
+                              model_args=model_args, config=config, sampler=sampler,
+                              tokenizer=meta.get('tokenizer')))  # in every checkpoint
     if env.master:
-        images = data.unit == 'images'
-        print(f'model: {raw.get_num_params():,} parameters ({cfg.norm}, {cfg.attn} attention, {cfg.mlp} MLP, '
-              + (f'ViT, patch {cfg.patch_size}, {cfg.pool} pooling)' if images else f'{cfg.pos} positions)'))
-        print(f'global batch: {samples} ' + ('images' if images else f'sequences x {cfg.block_size} tokens = '
-              f'{samples * cfg.block_size:,} tokens') + f'/step ({env.world} process(es) x {len(parts)} '
-              f'micro-batch(es) of <= {cfg.batch_size}); budget {data.n_train:,} train {data.unit} '
-              f'(entropy of the {data.predicted} frequencies {data.entropy:.3f} nats)')
-        if resume:
-            print(f'resuming {cfg.out_dir} at iter {iter_num} (best val loss {best_val_loss:.4f})')
-    writing = env.master and not cfg.eval_only
-    if writing:  # config.json, log.jsonl cut back to the checkpoint (and a wandb run)
-        prepare_run_dir(cfg.out_dir, config, iter_num if resume else None)
-    problem = writing and check_room(cfg.out_dir, 12 * n_params, gathered=not sharded)  # fp32 weights, AdamW
+        print_start(run, state, resume)
+    problem = None
+    if run.writing:  # config.json, log.jsonl cut back to the checkpoint (and a wandb run)
+        prepare_run_dir(cfg.out_dir, config, state.iter_num if resume else None)
+        if memory:  # fp32 weights and AdamW's two moments
+            problem = memory.check_room(cfg.out_dir, 12 * n_params, gathered=sharded is None)
     if any_failed(env, problem):  # said now, not after the first hours of training
-        raise SystemExit(f"error: {problem or 'rank 0 cannot save checkpoints (its message says why)'}")
+        raise SystemExit(f'error: {problem}' if problem else 'error: rank 0 cannot save checkpoints')
+    return finish(run, state, *loop(run, state), meta)
 
-    def log(record):  # a line of log.jsonl (and a wandb step)
-        if writing:
-            append_log(cfg.out_dir, record, cfg.wandb_log)
 
-    def save(best=False):  # ckpt.pt or ckpt.dcp/ (and best); iter_num: the next step. Every process calls it
-        fields = dict(model_args=model_args, config=config, tokenizer=meta.get('tokenizer'),
-                      iter_num=iter_num, best_val_loss=best_val_loss, best_iter=best_iter, guard=guard,
-                      last_eval=last_eval, wall_time_s=wall_time + time.time() - t_start,  # data order, crops
-                      sampler=dict(seed=cfg.seed, train_tokens=data.n_train, block_size=cfg.block_size,  # and
-                                   budget_docs=cfg.budget_docs, eval_seed=EVAL_SEED))  # dropout: (seed, step)
-        set_timeout(env, LONG_TIMEOUT)  # rank 0 may write 45 GB while the others wait
-        save_run(raw, optimizer, fields, cfg.out_dir, env, best, sharded)  # a failure ends every process
-        set_timeout(env, cfg.step_timeout if iter_num > start_iter else LONG_TIMEOUT)
+def samples(cfg):  # a step's sequences (or images), over every process
+    return cfg.batch_size * cfg.gradient_accumulation_steps
 
-    def micro_batch(windows, k):  # this process's k-th micro-batch of a step's windows, on the device
-        first, count = parts[k]
-        return data.batch('train', windows[first:first + count], env.device)
 
-    # -------------------------------------------------------------------------------------------- the loop
-    t_start = t_log = time.time()
-    start_iter, reason, stop, steps_since_log, timed, batch = iter_num, None, False, 0, False, None
+def build(cfg, env, model_args):
+    """(raw, model) from the seed. Norm statistics are attached first: torch.compile traces them."""
+    torch.manual_seed(cfg.seed)
+    if env.fsdp:  # built on the meta device, sharded, each block compiled (annex/cluster.py)
+        raw = annex('cluster', 'fsdp=True').build_sharded(model_args, cfg, env)
+        return norm_stats.instrument(raw), raw
+    raw = model = norm_stats.instrument(build_model(model_args).to(env.device))
+    if env.ddp:  # norm statistics are sums: not broadcast
+        model = DDP(raw, device_ids=[env.local_rank] if env.device_type == 'cuda' else None,
+                    broadcast_buffers=False)
+    if cfg.compile:  # after DDP: the gradient all-reduce overlaps the compiled backward
+        model = torch.compile(model)
+    return raw, model
+
+
+def print_start(run, state, resume):
+    cfg, data = run.cfg, run.data
+    print(f'model: {run.raw.describe()}')
+    print(f'global batch: {data.describe(samples(cfg))}/step ({run.env.world} process(es) x '
+          f'{len(run.parts)} micro-batch(es) of <= {cfg.batch_size}); budget {data.n_train:,} train '
+          f'{data.unit} (entropy of the {data.predicted} frequencies {data.entropy:.3f} nats)')
+    if resume:
+        print(f'resuming {cfg.out_dir} at iter {state.iter_num} (best val loss '
+              f'{state.best_val_loss:.4f})')
+
+
+# ------------------------------------------------------------------------------------------ the loop
+
+def loop(run, state):
+    """Steps from state.iter_num to max_iters, with evals and checkpoints. Returns (why the run
+    diverged, or None; whether a stop signal ended it)."""
+    cfg, env, optimizer = run.cfg, run.env, run.optimizer
+    batches = train_batches(run, state.iter_num)
+    t0, t_log, steps, timed = time.time() - state.wall_time_s, time.time(), 0, False
+    stop, reason = False, None
     while True:
-        saved = False
-        every = (iter_num < cfg.warmup_iters and cfg.eval_interval_warmup) or cfg.eval_interval
-        if cfg.eval_only or (iter_num % every == 0 or iter_num >= cfg.max_iters) and not (
-                iter_num == start_iter and resume):  # a resumed step's eval is in the log already
-            ev = evaluate(cfg, env, raw, model, data, iter_num)
-            if not (math.isfinite(ev['train_loss']) and math.isfinite(ev['val_loss'])):
-                reason = f"non-finite eval loss at iter {iter_num} (train {ev['train_loss']}, val " \
-                         f"{ev['val_loss']})"
+        it, saved = state.iter_num, False
+        state.wall_time_s = time.time() - t0
+        if eval_due(cfg, it, run.start_iter):
+            reason, saved = eval_and_save(run, state)
+            if reason or cfg.eval_only:
                 break
-            improved = ev['val_loss'] < best_val_loss
-            if improved:
-                best_val_loss, best_iter = ev['val_loss'], iter_num
-            last_eval = dict(ev, best_val_loss=best_val_loss, best_iter=best_iter)
-            log(last_eval)
-            if env.master:
-                sat = ev['saturation'] and f", saturation@2.0 {ev['saturation'][norm_stats.AT_2]:.3f}"
-                acc = data.unit == 'images' and \
-                    f", train acc {ev['train_acc']:.2%}, val acc {ev['val_acc']:.2%}"
-                print(f"step {iter_num}: train loss {ev['train_loss']:.4f}, val loss {ev['val_loss']:.4f} "
-                      f"(best {best_val_loss:.4f} @ {best_iter}){acc or ''}, epochs {ev['epochs']:.2f}"
-                      f"{sat or ''}", *(f'  warning: {w}' for w in ev['warnings']), sep='\n')
-            if cfg.eval_only:
-                break
-            if (cfg.always_save_checkpoint or improved) and iter_num > 0 or iter_num >= cfg.max_iters:
-                save(best=improved)  # not at step 0: the seed rebuilds it
-                saved = True
-            t_log, steps_since_log = time.time(), 0  # throughput leaves out evaluation and checkpoints
-        if iter_num >= cfg.max_iters:
+            t_log, steps = time.time(), 0  # throughput leaves out evaluation and checkpoints
+        if it >= cfg.max_iters:
             break
-        if stop:  # a stop signal reached some process: all of them saw it in the last step's all-reduce
+        if stop:  # a stop signal reached a process: every one saw it in the last step's all-reduce
             if not saved:
-                save()
+                save(run, state)
             break
-        lr = get_lr(iter_num, cfg)
+        lr = get_lr(it, cfg)
         for group in optimizer.param_groups:
             group['lr'] = lr
-        if cfg.dropout > 0:  # dropout masks are a function of the step (reseeding costs ~0.4 ms: if needed)
-            torch.manual_seed(derived_seed(cfg.seed, 'dropout', env.rank, iter_num))
-        if batch is None:  # else copied during the previous step
-            windows = data.draw(cfg.seed, iter_num, samples)
-            batch = micro_batch(windows, 0)
-        loss_sum = torch.zeros((), device=env.device)
-        for k, (first, count) in enumerate(parts):
-            if ddp:  # DDP all-reduces the gradients after the last micro-step only
-                ddp.require_backward_grad_sync = k == len(parts) - 1
-            elif env.fsdp:  # HSDP: reduce-scatter every micro-step, all-reduce across nodes after the last
-                raw.set_requires_all_reduce(k == len(parts) - 1)
-            with env.ctx:
-                _, loss = model(*batch)
-            # the next micro-batch (or the next step's first) is copied while the backward runs, as in nanoGPT
-            batch = None
-            if k + 1 < len(parts):
-                batch = micro_batch(windows, k + 1)
-            elif iter_num + 1 < cfg.max_iters:
-                windows = data.draw(cfg.seed, iter_num + 1, samples)
-                batch = micro_batch(windows, 0)
-            # each micro-batch weighs its share of the step: the average over processes is the step's mean
-            (loss * (count * env.world / samples)).backward()
-            loss_sum += loss.detach().float() * (count / samples)
-        grad_norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip or float('inf'))
-        if hasattr(grad_norm, 'full_tensor'):  # FSDP: a DTensor
-            grad_norm = grad_norm.full_tensor()
-        flags = torch.stack([loss_sum, grad_norm.float() / env.world,  # torch.full: a fill, no blocking copy
-                             torch.full((), float(bool(env.stop)), device=env.device)])
-        if env.ddp:
-            dist.all_reduce(flags)
-        loss, grad_norm, stop = flags.tolist()  # the step's one host sync; the same on every process
-        if iter_num == start_iter:  # compiled: from now on a lost process fails the job in minutes
+        if cfg.dropout > 0:  # dropout masks are a function of the step (reseeding costs ~0.4 ms)
+            torch.manual_seed(derived_seed(cfg.seed, 'dropout', env.rank, it))
+
+        loss, grad_norm, stop = train_step(run, batches)
+        if it == run.start_iter:  # compiled: from now on a lost process fails the job in minutes
             set_timeout(env, cfg.step_timeout)
-        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            reason = f'non-finite loss ({loss}) or gradient norm ({grad_norm}) at iter {iter_num}'
-        elif cfg.spike_factor and guard.get('best_ema') and loss > cfg.spike_factor * guard['best_ema']:
-            reason = (f"loss spike at iter {iter_num}: {loss:.4f} > spike_factor {cfg.spike_factor} x best "
-                      f"smoothed loss {guard['best_ema']:.4f}")
+        reason = divergence(cfg, state, loss, grad_norm)
         if reason:
             break
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        ema = loss if 'ema' not in guard else 0.9 * guard['ema'] + 0.1 * loss
-        guard = {'ema': ema, 'best_ema': min(ema, guard.get('best_ema', ema))}
-        steps_since_log += 1
-        if iter_num % cfg.log_interval == 0 or iter_num + 1 == cfg.max_iters:
-            dt = (time.time() - t_log) / steps_since_log if timed else None  # the first interval compiles
-            rate = samples * data.per_sample / dt if dt else None
-            mfu = raw.estimate_mfu(sum(count for _, count in parts), dt, peak) if dt else None  # its share
-            log({'event': 'step', 'iter': iter_num, 'loss': loss, 'lr': lr, 'grad_norm': grad_norm,
-                 **seen(cfg, data, iter_num + 1), f'{data.unit}_per_sec': rate, 'mfu': mfu,
-                 'ms_per_iter': dt and 1000 * dt})
-            if env.master:
-                print(f'iter {iter_num}: loss {loss:.4f}, lr {lr:.2e}, grad norm {grad_norm:.3f}, ' + (
-                    f'{rate:,.0f} {data.unit}/s, {1000 * dt:.1f} ms/iter' if dt else
-                    'first step (compilation and warm-up: not timed)')
-                    + (f', mfu {100 * mfu:.1f}%' if mfu is not None else ''))
-            t_log, steps_since_log, timed = time.time(), 0, True
-        iter_num += 1
 
-    # ----------------------------------------------------------------------------------------------- the end
-    status = 'diverged' if reason else 'stopped' if stop and iter_num < cfg.max_iters else 'finished'
-    if status == 'stopped':
-        why = env.stop[0] if env.stop else 'signal on another process'
-        log({'event': 'stopped', 'iter': iter_num, 'signal': why})
-        if env.master:
-            print(f'stopped at iter {iter_num} ({why}); ckpt.pt is saved. Continue with the same command and '
-                  '--init_from=auto (or resume)')
-    elif status == 'diverged':
-        log({'event': 'diverged', 'iter': iter_num, 'diverged': True, 'reason': reason})
-        if env.master:
-            print(f'DIVERGED: {reason}. Stopped; the checkpoints in {cfg.out_dir} are the last good ones.',
-                  file=sys.stderr)
-    if writing and status != 'stopped':  # summary.json: the run has ended
-        write_summary(cfg.out_dir, status, dict(
-            iter_num=iter_num, best_val_loss=best_val_loss, best_iter=best_iter, last_eval=last_eval,
-            wall_time_s=wall_time + time.time() - t_start, diverged=reason), {
-            **seen(cfg, data, iter_num), 'n_params': raw.get_num_params(),
-            f'budget_{data.unit}': data.n_train, 'unigram_entropy': data.entropy, 'config': config,
-            'layout': meta.get('layout', 'file')})  # the tokenization: the study's row by row, or ours
-    if writing and status == 'finished':
-        print(f"done: {cfg.out_dir} at iter {iter_num}, final val loss {last_eval['val_loss']:.4f}, best "
-              f'{best_val_loss:.4f} @ {best_iter}. Next: ' + ('' if data.unit == 'images' else
-              f'python sample.py --out_dir={cfg.out_dir}; ') + f'python analyze.py all {cfg.out_dir}')
-    return {'finished': 0, 'diverged': EXIT_DIVERGED, 'stopped': EXIT_STOPPED}[status]
+        steps += 1
+        if it % cfg.log_interval == 0 or it + 1 == cfg.max_iters:
+            log_step(run, it, loss, lr, grad_norm, (time.time() - t_log) / steps if timed else None)
+            t_log, steps, timed = time.time(), 0, True  # the first interval compiles: not timed
+        state.iter_num += 1
+    state.wall_time_s = time.time() - t0
+    return reason, stop
 
 
-# ----------------------------------------------------------------------------------------- evaluation, logs
+def train_batches(run, step):
+    """This process's micro-batches from step `step` on, each handed out once the next is on its way
+    to the device (nanoGPT's prefetch). A step's windows come from (seed, step) alone."""
+    ahead = None
+    while True:
+        windows = run.data.draw(run.cfg.seed, step, samples(run.cfg))
+        for first, count in run.parts:
+            batch = run.data.batch('train', windows[first:first + count], run.env.device)
+            if ahead is not None:
+                yield ahead
+            ahead = batch
+        step += 1
 
-@torch.no_grad()
-def evaluate(cfg, env, raw, model, data, it):
-    """Mean loss and accuracy (next token, or class) on each split's fixed eval samples, shared out over the
-    processes, run by `model` (compiled where training is); the norm statistics on the train samples
-    (saturation as the study measures it)."""
-    raw.eval()
-    result = {}
-    for split in ('train', 'val', 'val_paper')[:3 if cfg.paper_val else 2]:
-        norm_stats.record(raw, split == 'train')
-        ids = data.draw(cfg.seed, it, cfg.paper_val, split) if split == 'val_paper' else data.eval_ids[split]
-        sums = torch.zeros(2, device=env.device)  # loss x samples, correct predictions
-        for first, count in micro_batches(len(ids), env.world, env.rank, cfg.batch_size):
-            x, y = data.batch(split, ids[first:first + count], env.device)
-            with env.ctx:
-                logits, loss = model(x, y)
-            sums += torch.stack([loss.float() * count, (logits.argmax(-1) == y).sum().float()])
-        for t in ([sums] + (norm_stats.sums(raw) if split == 'train' else [])) if env.ddp else []:
-            dist.all_reduce(t)
-        result[split] = [s / n for s, n in zip(sums.tolist(), (len(ids), len(ids) * data.per_sample))]
-    raw.train()
-    stats = norm_stats.read(raw)  # under FSDP every process takes part: alpha is gathered from its shards
+
+def train_step(run, batches):
+    """This process's micro-batches forward and backward, the gradients clipped, and the step's one
+    all-reduce. Returns (mean loss, gradient norm, whether a stop signal reached any process)."""
+    env, parts = run.env, run.parts
+    loss_sum = torch.zeros((), device=env.device)
+    for k, (_, count) in enumerate(parts):
+        last = k == len(parts) - 1  # gradients are reduced across processes in this backward only
+        if env.fsdp:  # HSDP: reduce-scatters every micro-step, the all-reduce across nodes last
+            run.raw.set_requires_all_reduce(last)
+        elif env.ddp:  # the DDP module, inside torch.compile's wrapper if compiled
+            getattr(run.model, '_orig_mod', run.model).require_backward_grad_sync = last
+        with env.ctx:
+            _, loss = run.model(*next(batches))
+        # each micro-batch weighs its share of the step: the average over processes is the mean
+        (loss * (count * env.world / samples(run.cfg))).backward()
+        loss_sum += loss.detach().float() * (count / samples(run.cfg))
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.raw.parameters(), run.cfg.grad_clip or math.inf)
+    if hasattr(grad_norm, 'full_tensor'):  # FSDP: a DTensor
+        grad_norm = grad_norm.full_tensor()
+    stop = torch.full((), float(bool(env.stop)), device=env.device)  # a fill: no blocking copy
+    # one all-reduce, a sum: the loss shares add up to the mean, the gradient norm (the same on every
+    # process) counts 1/world from each, and a stop anywhere makes the sum positive
+    totals = torch.stack([loss_sum, grad_norm.float() / env.world, stop])
+    if env.ddp:
+        dist.all_reduce(totals)
+    loss, grad_norm, stop = totals.tolist()  # the step's one host sync
+    return loss, grad_norm, stop > 0
+
+
+def divergence(cfg, state, loss, grad_norm):
+    """Why the run must stop at this step (a non-finite loss or gradient norm, a loss spike), or None;
+    then the smoothed loss takes the step's in."""
+    it, best = state.iter_num, state.best_loss_ema
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        return f'non-finite loss ({loss}) or gradient norm ({grad_norm}) at iter {it}'
+    if cfg.spike_factor and best and loss > cfg.spike_factor * best:
+        return (f'loss spike at iter {it}: {loss:.4f} > spike_factor {cfg.spike_factor} x best '
+                f'smoothed loss {best:.4f}')
+    ema = loss if state.loss_ema is None else 0.9 * state.loss_ema + 0.1 * loss
+    state.loss_ema, state.best_loss_ema = ema, ema if best is None else min(ema, best)
+    return None
+
+
+def log_step(run, it, loss, lr, grad_norm, dt):
+    """A step's record and line: loss, lr, gradient norm, and once timed, throughput and MFU."""
+    rate = mfu = None
+    speed = 'first step (compilation and warm-up: not timed)'
+    if dt:  # MFU of this process's share of the samples
+        rate = samples(run.cfg) * run.data.per_sample / dt
+        mfu = run.raw.estimate_mfu(sum(count for _, count in run.parts), dt, run.peak_flops)
+        speed = f'{rate:,.0f} {run.data.unit}/s, {1000 * dt:.1f} ms/iter'
+    if mfu is not None:
+        speed += f', mfu {100 * mfu:.1f}%'
+    log(run, {'event': 'step', 'iter': it, 'loss': loss, 'lr': lr, 'grad_norm': grad_norm,
+              **seen(run, it + 1), f'{run.data.unit}_per_sec': rate, 'mfu': mfu,
+              'ms_per_iter': 1000 * dt if dt else None})
+    if run.env.master:
+        print(f'iter {it}: loss {loss:.4f}, lr {lr:.2e}, grad norm {grad_norm:.3f}, {speed}')
+
+
+def log(run, record):  # a line of log.jsonl (and a wandb step)
+    if run.writing:
+        append_log(run.cfg.out_dir, record, run.cfg.wandb_log)
+
+
+def seen(run, steps):  # what `steps` steps have read: tokens (or images), and epochs of the budget
+    n = steps * samples(run.cfg) * run.data.per_sample
+    return {run.data.unit: n, 'epochs': n / run.data.n_train}
+
+
+# ----------------------------------------------------------------------- evaluation, checkpoints, end
+
+def eval_due(cfg, it, start_iter):
+    """Every eval_interval steps (eval_interval_warmup in warmup) and at the end; not where a resumed
+    run starts (that eval is in its log)."""
+    if cfg.eval_only:
+        return True
+    if it == start_iter and cfg.init_from == 'resume':
+        return False
+    every = cfg.eval_interval
+    if it < cfg.warmup_iters and cfg.eval_interval_warmup:
+        every = cfg.eval_interval_warmup
+    return it % every == 0 or it >= cfg.max_iters
+
+
+def eval_and_save(run, state):
+    """The eval before step state.iter_num, the best kept, then the checkpoint (not at step 0: the
+    seed rebuilds it). Returns (why the run must stop, or None; whether it saved)."""
+    cfg, it = run.cfg, state.iter_num
+    result, stats = evaluate(run.model, run.raw, run.data, cfg, run.env, it)
+    (train_loss, train_acc), (val_loss, val_acc) = result['train'], result['val']
     layers = {name: {k: s[k] for k in ('kind', 'alpha', 'input_std', 'saturation')}
               for name, s in stats['layers'].items()}
-    warnings = []  # the signs of a collapsed run (DyT at small scale)
-    if it > min(cfg.warmup_iters, COLLAPSE_AFTER) and result['train'][0] > data.entropy - COLLAPSE_MARGIN:
-        warnings.append(f"train loss {result['train'][0]:.3f} after {it} steps: at the unigram level of the "
-                        f"budget ({data.entropy:.3f} nats), {data.predicted} frequencies only (collapsed?)")
-    full = [name for name, s in layers.items() if s['saturation'] and s['saturation'][norm_stats.AT_2] > 0.99]
-    if full:  # a saturated layer's output is sign(x) * gamma, whatever its input; f: DyT's tanh, Derf's erf
-        warnings.append(f"norm layers saturated (|f| > tanh(2) on over 99% of inputs): {', '.join(full)}")
-    return {'event': 'eval', 'iter': it, 'train_loss': result['train'][0], 'val_loss': result['val'][0],
-            'val_loss_paper': result['val_paper'][0] if cfg.paper_val else None,
-            'train_acc': result['train'][1], 'val_acc': result['val'][1], 'lr': get_lr(it, cfg),
-            **seen(cfg, data, it), 'saturation': stats['saturation'], 'thresholds': stats['thresholds'],
-            'norm_layers': layers, 'warnings': warnings}
+    ev = {'event': 'eval', 'iter': it, 'train_loss': train_loss, 'val_loss': val_loss,
+          'val_loss_paper': result.get('val_paper', [None])[0], 'train_acc': train_acc,
+          'val_acc': val_acc, 'lr': get_lr(it, cfg), **seen(run, it),
+          'saturation': stats['saturation'], 'thresholds': stats['thresholds'],
+          'norm_layers': layers, 'warnings': collapse_warnings(cfg, run.data, it, train_loss, layers)}
+    if not (math.isfinite(ev['train_loss']) and math.isfinite(ev['val_loss'])):
+        return f"non-finite eval loss at iter {it} (train {ev['train_loss']}, val {ev['val_loss']})", False
+    improved = ev['val_loss'] < state.best_val_loss
+    if improved:
+        state.best_val_loss, state.best_iter = ev['val_loss'], it
+    state.last_eval = dict(ev, best_val_loss=state.best_val_loss, best_iter=state.best_iter)
+    log(run, state.last_eval)
+    if run.env.master:
+        sat = ''
+        if ev['saturation']:
+            sat = f", saturation@2.0 {ev['saturation'][norm_stats.AT_2]:.3f}"
+        print(f"step {it}: train loss {ev['train_loss']:.4f}, val loss {ev['val_loss']:.4f} (best "
+              f"{state.best_val_loss:.4f} @ {state.best_iter}), val acc {ev['val_acc']:.2%}, epochs "
+              f"{ev['epochs']:.2f}{sat}", *(f'  warning: {w}' for w in ev['warnings']), sep='\n')
+    if cfg.eval_only or not (((cfg.always_save_checkpoint or improved) and it > 0)
+                             or it >= cfg.max_iters):
+        return None, False
+    save(run, state, best=improved)
+    return None, True
 
 
-def seen(cfg, data, steps):
-    """What `steps` steps have read: tokens (or images), and epochs of the budget."""
-    n = steps * cfg.batch_size * cfg.gradient_accumulation_steps * data.per_sample
-    return {data.unit: n, 'epochs': n / data.n_train}
+def save(run, state, best=False):
+    """ckpt.pt or ckpt.dcp/ (and best), to resume at state.iter_num. Every process calls it; rank 0
+    may write 45 GB while the others wait."""
+    set_timeout(run.env, LONG_TIMEOUT)
+    save_run(run.raw, run.optimizer, dict(run.saved, **asdict(state)), run.cfg.out_dir, run.env,
+             best, run.sharded)
+    set_timeout(run.env, run.cfg.step_timeout if state.iter_num > run.start_iter else LONG_TIMEOUT)
+
+
+def finish(run, state, reason, stop, meta):
+    """The end of the run, said, logged and, once it has ended, in summary.json; the exit status."""
+    cfg, env, it = run.cfg, run.env, state.iter_num
+    if stop and not reason and it < cfg.max_iters:
+        why = env.stop[0] if env.stop else 'signal on another process'
+        log(run, {'event': 'stopped', 'iter': it, 'signal': why})
+        if env.master:
+            print(f'stopped at iter {it} ({why}); ckpt.pt is saved. Continue with the same command '
+                  'and --init_from=auto (or resume)')
+        return EXIT_STOPPED
+    if reason:
+        log(run, {'event': 'diverged', 'iter': it, 'diverged': True, 'reason': reason})
+        if env.master:
+            print(f'DIVERGED: {reason}. Stopped; the checkpoints in {cfg.out_dir} are the last good '
+                  'ones.', file=sys.stderr)
+    if not run.writing:
+        return EXIT_DIVERGED if reason else 0
+    write_summary(cfg.out_dir, 'diverged' if reason else 'finished', state, reason, {
+        **seen(run, it), 'n_params': run.raw.get_num_params(),
+        f'budget_{run.data.unit}': run.data.n_train, 'unigram_entropy': run.data.entropy,
+        'config': run.saved['config'], 'layout': meta.get('layout', 'file')})  # the tokenization
+    if reason:
+        return EXIT_DIVERGED
+    print(f"done: {cfg.out_dir} at iter {it}, final val loss {state.last_eval['val_loss']:.4f}, "
+          f'best {state.best_val_loss:.4f} @ {state.best_iter}. Next: {run.data.next_steps(cfg.out_dir)}')
+    return 0
 
 
 if __name__ == '__main__':

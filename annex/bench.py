@@ -26,7 +26,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)  # run as annex/bench.py
 from annex.memory import gpu_peak_flops  # noqa: E402
 from annex.vit import ViT, ViTConfig  # noqa: E402
-from configurator import config_keys, configure, pick_device, precision, run_config_file  # noqa: E402
+from configurator import config_keys, configure, run_config_file  # noqa: E402
+from distributed import pick_device, precision  # noqa: E402
 from model import GPT, NORMS, GPTConfig  # noqa: E402
 
 # -------------------------------------------------------------------------------------------------------

@@ -22,16 +22,19 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # as annex/cluster.py
-from checkpoint import CHECKPOINTS, SHARDED, any_failed, build_model, training_state  # noqa: E402
+from checkpoint import CHECKPOINTS, SHARDED, build_model, training_state  # noqa: E402
 from configurator import configure  # noqa: E402
 from data.common import atomic_write, write_json  # noqa: E402
+from distributed import any_failed  # noqa: E402
 from model import rope_angles  # noqa: E402
 
 
-def srun_environment():
+def srun_environment(launcher='srun'):
     """torchrun's variables from those srun gives each task of a job step (SLURM_STEP_NUM_TASKS: the
     step's, not the allocation's SLURM_NTASKS). The port, unless given, from the job id: two jobs on a
     node differ."""
+    if launcher != 'srun':
+        raise SystemExit(f"error: launcher={launcher!r}: use 'srun' or None (torchrun, or one process)")
     missing = [v for v in ('SLURM_PROCID', 'SLURM_LOCALID', 'SLURM_STEP_NUM_TASKS', 'MASTER_ADDR')
                if v not in os.environ]
     if missing:
@@ -41,6 +44,13 @@ def srun_environment():
     os.environ.update(RANK=os.environ['SLURM_PROCID'], LOCAL_RANK=os.environ['SLURM_LOCALID'],
                       WORLD_SIZE=os.environ['SLURM_STEP_NUM_TASKS'],
                       MASTER_PORT=os.environ.get('MASTER_PORT', str(port)))
+
+
+def check_sharding(cfg, world):
+    """train.py's FSDP keys: fsdp_shard needs fsdp=True and must divide the process count."""
+    if world > 1 and cfg.fsdp_shard and not (cfg.fsdp and world % cfg.fsdp_shard == 0):
+        raise SystemExit(f'error: fsdp_shard={cfg.fsdp_shard} needs fsdp=True and must divide the '
+                         f"{world} processes (a node's GPUs)")
 
 
 def build_sharded(model_args, cfg, env):

@@ -71,9 +71,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as annex/eval.py
 from checkpoint import checkpoint_file, load_checkpoint  # noqa: E402
-from configurator import config_keys, configure, pick_device, precision, split_args  # noqa: E402
+from configurator import config_keys, configure, split_args  # noqa: E402
 from data.blimp import prepare as blimp  # noqa: E402
 from data.common import DataError, get_tokenizer, load_meta, load_split, write_json  # noqa: E402
+from distributed import pick_device, precision  # noqa: E402
 from data.lambada import prepare as lambada  # noqa: E402
 
 TASKS = ("lambada", "blimp", "wikitext", "val")

@@ -1,19 +1,23 @@
 """
 The GPU memory a training run needs, by what holds it (train.py prints it before a run starts, on a GPU
-or for a run over 1 GiB; docs/memory.md has the study's scales), the size of its checkpoints, and the
-peak FLOP/s of known GPUs that MFU divides by. An annex: train.py runs without it (no plan, no MFU on a
+or for a run over 1 GiB; docs/memory.md has the study's scales), the size of its checkpoints, whether
+the disk and host RAM have room for them (checked before the first step), and the peak FLOP/s of known
+GPUs that MFU divides by. An annex: train.py runs without it (no plan, no room check, no MFU on a
 GPU). The formulas are checked in annex/tests/test_memory.py against the model and the storages autograd
 keeps.
 
 Sizes are in bytes; "per token" means per position of one sequence (a micro-batch has batch_size x
 block_size).
 """
+import os
 import re
+import shutil
 
 import torch
 import torch.nn as nn
 
-from model import GPT, mlp_hidden
+from checkpoint import CHECKPOINTS, SHARDED
+from model import GPT, NORMS, GPTConfig, mlp_hidden
 
 # -------------------------------------------------------------------------------------------------------
 # Parameter counts, read off the model itself built on the meta device (no memory, no second copy of its
@@ -29,6 +33,23 @@ def param_counts(config):
     block = sum(p.numel() for p in model.transformer.h[0].parameters())
     matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
     return n, block, n - config.n_layer * block, matmul
+
+
+def eager_copies(config):
+    """How many input-sized tensors an eager point-wise norm keeps for its backward, counted from
+    its class (model.NORMS) on a small CPU forward: DyT's and HardTanh's 2, Derf's 3 (erf keeps its
+    argument, tanh its output)."""
+    layer = NORMS[config.norm](8, config.bias, config.norm_eps, 1.0)
+    x = torch.randn(4, 8, requires_grad=True)
+    kept = set()
+
+    def pack(t):  # each input-sized storage saved for backward, once
+        if t.numel() == x.numel():
+            kept.add(t.data_ptr())
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x)
+    return len(kept)
 
 
 def param_count(config):
@@ -78,8 +99,8 @@ def activation_bytes(config, batch_size, dtype=torch.bfloat16, bf16_weights=Fals
             own, out = f32 * C + f32 * (1 if compile else 2), f32
         elif config.norm == 'rmsnorm':  # float32 input, 1/rms, and (eager) the normalised input
             own, out = f32 * C + f32 + (0 if compile else f32 * C), res
-        else:  # input; eager also keeps tanh / erf / clamp's output, and Derf erf's argument
-            own, out = res * C * (1 if compile else 3 if config.norm == 'derf' else 2), res
+        else:  # point-wise: its input; eager also keeps tanh / erf / clamp's output (and erf's argument)
+            own, out = res * C * (1 if compile else eager_copies(config)), res
         copies = 1 if out == act or compile else readers  # inductor casts once for all readers
         return own + copies * act * C
 
@@ -200,10 +221,13 @@ def format_memory_plan(plan, device_memory=None):
     return lines
 
 
-def print_plan(config, cfg, env, micro_batch):
+def print_plan(model_args, cfg, env, micro_batch):
     """What train.py prints of its run's plan before it builds the model (told before it runs out of
     memory): the plan and its share of the GPU on CUDA; on other devices only a run big enough to matter
-    (over 1 GiB)."""
+    (over 1 GiB). A language model's only: a ViT (model_args with a patch_size) has no plan."""
+    if 'patch_size' in model_args:
+        return
+    config = GPTConfig(**model_args)
     shards = min(cfg.fsdp_shard or env.world, env.world)  # the processes a parameter is sharded over
     plan = memory_plan(config, micro_batch, shards, env.fsdp, env.ptdtype, cfg.compile)
     capacity = (torch.cuda.get_device_properties(env.device).total_memory if env.device_type == 'cuda'
@@ -278,3 +302,25 @@ def gpu_peak_flops(device, dtype):
     """train.py's peak for MFU: the CUDA device's, by its name; None on other devices."""
     return (peak_flops(torch.cuda.get_device_name(device), dtype) if str(device).startswith('cuda')
             else None)
+
+
+def check_room(out_dir, n_bytes, gathered):
+    """Why saving a checkpoint of n_bytes would fail, or None: too little free disk for three (best,
+    latest and the one being written), or, when gathered into one process, too little host RAM
+    (Linux's MemAvailable) to hold it."""
+    have = sum(os.path.exists(os.path.join(out_dir, n))
+               for n in (*CHECKPOINTS.values(), *SHARDED.values()))
+    free, need = shutil.disk_usage(out_dir).free, (3 - have) * n_bytes
+    if free < need:
+        return (f'{out_dir} has {free / 2**30:.1f} GiB free; its checkpoints need '
+                f'{need / 2**30:.1f} GiB more ({n_bytes / 2**30:.1f} GiB each: best, latest and the '
+                'next). Free space or choose another out_dir')
+    if gathered and os.path.exists('/proc/meminfo'):
+        with open('/proc/meminfo') as f:
+            available = next((int(line.split()[1]) * 1024 for line in f
+                              if line.startswith('MemAvailable:')), None)
+        if available is not None and available < n_bytes:
+            return (f'rank 0 has {available / 2**30:.1f} GiB of host RAM available, too little to '
+                    f'gather a {n_bytes / 2**30:.1f} GiB checkpoint; free memory, or save shards: '
+                    '--shard_checkpoints_above=0')
+    return None

@@ -41,15 +41,18 @@ from checkpoint import load_checkpoint
 from annex.plots import pyplot, save_png
 from annex.stats import bootstrap_rule, holm, intersection_union, paired, rule_stats
 from annex.study import PUBLISHED_RULE, THRESHOLD, command_line, eval_at, label, read_json, status
-from data.common import (DataError, atomic_write, budget_tokens, entropy_of, eot_id, load_meta,
-                         load_split, token_counts, write_json)
+from annex.protocol import budget_tokens, eot_id
+from data.common import (DataError, atomic_write, entropy_of, load_meta, load_split, token_counts,
+                         write_json)
+from evaluate import COLLAPSE_MARGIN
+from model import NORMS
 from norm_stats import AT_2
-from train import COLLAPSE_MARGIN
 
 OPTIONS = dict(threshold=THRESHOLD, screen_steps=0, collapse_margin=COLLAPSE_MARGIN, near_margin=0.5,
                bootstrap=2000, seed=0, analysis=True, test=True, test_limit=0, device='cpu',
                published=False)
-POINTWISE = ('dyt', 'derf')  # the norms with an alpha and a saturation (norm_stats.squashed)
+# the norms with a saturation: model.py's classes with squashed() and cut() (DyT, Derf)
+POINTWISE = tuple(name for name, cls in NORMS.items() if hasattr(cls, 'squashed'))
 ENDED = ('finished', 'collapsed', 'diverged')  # runs that reached their end: intention to treat counts
 MIN_SEEDS_FOR_P = 3  # a t-test on 2 seeds has 1 degree of freedom: signs and intervals say more
 BUDGETS = ('1M', '10M', '50M', 'all')  # the study's; 'all' = all of WikiText-103 train (its "118M")

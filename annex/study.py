@@ -46,7 +46,8 @@ import norm_stats
 import train
 from analyze import fmt
 from configurator import configure, run_config_file, split_args
-from data.common import read_log, write_json
+from data.common import write_json
+from run_files import read_log
 from model import GPTConfig
 
 LLAMA = dict(pos='rope', mlp='swiglu', n_kv_head=4)

@@ -15,7 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from data.common import DATA_DIR, DataError, derived_seed, load_meta, read_log, to_device
+from data.common import DATA_DIR, DataError, derived_seed, load_meta, to_device
+from run_files import read_log
 from model import GPT, Block, GPTConfig, make_norm
 
 
@@ -53,6 +54,11 @@ class ViT(nn.Module):
     a linear classifier. Init and weight decay follow timm's ViT (the DyT paper's vision code)."""
     no_decay = ('transformer.wpe.weight',)  # as timm's ViT (the 1-D class token is not decayed either)
     get_num_params, estimate_mfu = GPT.get_num_params, GPT.estimate_mfu  # hold for a ViT as they are
+
+    def describe(self):  # what train.py prints of the model
+        c = self.config
+        return (f'{self.get_num_params():,} parameters ({c.norm}, {c.attn} attention, {c.mlp} MLP, '
+                f'ViT, patch {c.patch_size}, {c.pool} pooling)')
 
     def __init__(self, config):
         super().__init__()
@@ -168,6 +174,12 @@ class ImageData:
             raise SystemExit(f'error: {e}') from None
         return args | self.dims
 
+    def describe(self, n):  # n samples
+        return f'{n} images'
+
+    def next_steps(self, out_dir):  # what train.py suggests once a run has finished
+        return f'python analyze.py all {out_dir}'
+
     def rows(self, index):
         """Samples of the images as they are: the crop at offset (pad, pad) of the padded image, not
         mirrored."""
@@ -222,9 +234,11 @@ def crop_and_flip(images, dy, dx, flip, pad):
                   rows[:, None, :, None], cols[:, None, None, :]]
 
 
-def open_images(dataset, data_dir, eval_count, eval_seed):
+def open_images(dataset, data_dir, eval_count, eval_seed, paper_val=0):
     """(meta.json, ImageData) of a prepared CIFAR-format folder (data/cifar10/prepare.py)."""
     from data.cifar10.prepare import load
+    if paper_val:
+        raise DataError("paper_val is the study's language-model protocol; use paper_val=0 here")
     folder = data_dir or os.path.join(DATA_DIR, dataset)
     return load_meta(dataset, data_dir), ImageData(load('train', folder), load('test', folder),
                                                    eval_count, eval_seed)

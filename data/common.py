@@ -1,16 +1,18 @@
 """
-The data as every script reads it: two tokenizers, token files (data/<dataset>/{train,val,test}.bin, uint16
-or uint32, + meta.json), the windows train.py trains on, files written atomically. The prepare scripts' own
-tools are in data/prepare_tools.py.
+The data as every script reads it: two tokenizers, token files (data/<dataset>/{train,val,test}.bin,
+uint16 or uint32, + meta.json), the windows train.py trains on, files written atomically. The prepare
+scripts' own tools are in data/prepare_tools.py; the study's document budgets in annex/protocol.py.
 """
 import hashlib
 import json
 import os
+from dataclasses import fields
 
 import numpy as np
 import torch
 
 from configurator import annex
+from model import GPTConfig
 
 DATA_DIR = os.path.dirname(os.path.abspath(__file__))
 TIKTOKEN_ENV = "NANONORM_TIKTOKEN_FILE"  # path to a GPT-2 .tiktoken ranks file, for machines without internet
@@ -176,45 +178,13 @@ def entropy_of(counts):
 
 # ----------------------------------------------------------------------------- what train.py trains on
 
-def eot_id(meta):
-    """The id that ends each document of a token folder: meta.json's "eot", else its tokenizer's; None when
-    neither is known."""
-    return meta.get("eot", EOT.get(meta.get("tokenizer")))
-
-
-def budget_tokens(train, train_tokens, budget_docs=None, eot=None, chunk=1 << 24):
-    """The data budget's tokens (all of the train split when it is shorter than train_tokens, or for None).
-    budget_docs None: the split's first train_tokens (a memmap slice, no copy). budget_docs a seed: a random
-    subset of whole documents (the spans that end with the `eot` id; the last may lack it), in memory:
-    documents are taken in the order of np.random.default_rng(budget_docs).permutation until they hold
-    train_tokens, put back in corpus order (a subset, not a shuffle), concatenated and cut to train_tokens,
-    so each but the last is whole, its eot included. A prefix is biased for an ordered corpus; this is not."""
-    if train_tokens is None:
-        if budget_docs is not None:
-            raise DataError("budget_docs needs train_tokens: it draws documents until they hold that many "
-                            "tokens. Set --train_tokens=N, or budget_docs=None to train on the whole split")
-        return train
+def data_budget(train, train_tokens, budget_docs=None, meta=None):
+    """The data budget: the train split's first train_tokens (a memmap slice, no copy; all of it for
+    None), or with budget_docs a seeded random subset of whole documents (annex/protocol.py)."""
     if budget_docs is None:
         return train[:train_tokens]
-    if type(budget_docs) is not int or budget_docs < 0:
-        raise DataError(f"budget_docs must be a seed (an int >= 0) or None, got {budget_docs!r}")
-    if eot is None:
-        raise DataError("budget_docs needs the id that ends each document, unknown for this data folder: "
-                        'add "eot": ID to its meta.json')
-    # where documents end, read in chunks: a 118M-token split needs no big temporary copy
-    ends = np.concatenate([k + 1 + np.flatnonzero(train[k:k + chunk] == eot)
-                           for k in range(0, len(train), chunk)])
-    if len(ends) == 0 or ends[-1] != len(train):
-        ends = np.append(ends, len(train))  # the last document, without an eot
-    if len(ends) < 2:
-        raise DataError(f"budget_docs: the train split is one document (no end-of-text id {eot} between "
-                        "its tokens), so a subset would be its prefix. Set meta.json's \"eot\" to the id "
-                        "that ends documents, or prepare the data with one after each (data/pydocs does)")
-    starts = np.concatenate(([0], ends[:-1]))
-    order = np.random.default_rng(budget_docs).permutation(len(ends))
-    count = int(np.searchsorted(np.cumsum((ends - starts)[order]), train_tokens)) + 1  # reach train_tokens
-    taken = np.sort(order[:count])
-    return np.concatenate([train[a:b] for a, b in zip(starts[taken], ends[taken])])[:train_tokens]
+    protocol = annex('protocol', 'budget_docs')
+    return protocol.budget_tokens(train, train_tokens, budget_docs, protocol.eot_id(meta))
 
 
 def derived_seed(*parts):
@@ -231,37 +201,42 @@ def micro_batches(n, world, rank, batch_size):
     return [(a, b - a) for a, b in zip(bounds, bounds[1:])]
 
 
-def paper_val_tokens(train_tokens, n_val):
-    """How many val tokens the study evaluated a budget on: the first max(10,000, budget / 100) (1M -> 10K,
-    10M -> 100K, 50M -> 500K), all of val for the whole train split (train_tokens None)."""
-    return n_val if train_tokens is None else min(n_val, max(10_000, train_tokens // 100))
-
-
 class TokenData:
-    """Windows of block_size tokens of the budget (budget_tokens: a prefix, or documents), next tokens as
-    targets. A step's windows depend on (seed, step) alone, so resumed and multi-process runs see the
-    single-process batches. Fixed eval windows: on train, analyze.py's; on val, spread evenly. With
-    `paper_val` (the study's val slice), 'val_paper' windows too, redrawn at every eval from (seed, step)."""
+    """Windows of block_size tokens of the budget, next tokens as targets. A step's windows depend on
+    (seed, step) alone, so resumed and multi-process runs see the single-process batches. Fixed eval
+    windows: on train, analyze.py's; on val, spread evenly. With `paper_val` (the study's val slice),
+    'val_paper' windows too, redrawn at every eval from (seed, step)."""
     unit, predicted = 'tokens', 'token'
 
     def __init__(self, train, val, block_size, eval_count, eval_seed, paper_val=None):
         self.train, self.val, self.val_paper, self.block_size = train, val, paper_val, block_size
         self.n_train, self.per_sample = len(train), block_size
         counts = token_counts(train)  # one pass over the budget: its largest id, and its entropy
-        self.top_id, self.entropy = len(counts) - 1, entropy_of(counts)  # entropy: a collapsed model's loss
+        self.top_id, self.entropy = len(counts) - 1, entropy_of(counts)  # a collapsed model's loss
         train_ids = random_windows(len(train), eval_count, block_size + 1, eval_seed)
         self.eval_ids = {'train': torch.from_numpy(train_ids),
                          'val': torch.linspace(0, len(val) - block_size - 1, eval_count).long()}
 
+    def model_args(self, config):  # a GPT's, from train.py's config
+        return {f.name: config[f.name] for f in fields(GPTConfig)}
+
+    def describe(self, n):  # n samples
+        return f'{n} sequences x {self.block_size} tokens = {n * self.block_size:,} tokens'
+
+    def next_steps(self, out_dir):  # what train.py suggests once a run has finished
+        return f'python sample.py --out_dir={out_dir}; python analyze.py all {out_dir}'
+
     def draw(self, seed, step, count, split='train'):
-        """Start offsets of the `count` windows of step `step`; a window and its targets end in the split."""
+        """Start offsets of the `count` windows of step `step`; a window and its targets end in the
+        split."""
         g = torch.Generator().manual_seed(derived_seed(seed, split, step))
         return torch.randint(len(getattr(self, split)) - self.block_size, (count,), generator=g)
 
     def batch(self, split, starts, device):
         data, T = getattr(self, split), self.block_size
         x = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in starts.tolist()])
-        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64)) for i in starts.tolist()])
+        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64))
+                         for i in starts.tolist()])
         return to_device(x, device), to_device(y, device)
 
 
@@ -272,7 +247,8 @@ def to_device(t, device):
 
 
 def open_data(cfg, env, eval_seed):
-    """train.py's (meta.json, TokenData or annex/vit.py's ImageData), checked; builds pydocs if missing."""
+    """train.py's (meta.json, TokenData or annex/vit.py's ImageData), checked; cfg.vocab_size filled
+    in. The default corpus, pydocs, is built on first use."""
     try:
         if cfg.dataset == 'pydocs' and cfg.data_dir is None and not os.path.exists(
                 os.path.join(DATA_DIR, 'pydocs', 'meta.json')):
@@ -283,50 +259,47 @@ def open_data(cfg, env, eval_seed):
                 torch.distributed.barrier()
         meta, eval_count = load_meta(cfg.dataset, cfg.data_dir), cfg.eval_iters * cfg.batch_size
         if meta['kind'] == 'images':
-            if cfg.paper_val:
-                raise DataError("paper_val is the study's language-model protocol; use paper_val=0 here")
             vit = annex('vit', f'dataset {cfg.dataset!r} (images, for a ViT)')
-            return vit.open_images(cfg.dataset, cfg.data_dir, eval_count, eval_seed)
-        train, val = (load_split(cfg.dataset, s, data_dir=cfg.data_dir) for s in ('train', 'val'))
-        n_train = len(train) if cfg.train_tokens is None else cfg.train_tokens  # the data budget
-        paper = val[:paper_val_tokens(cfg.train_tokens, len(val))] if cfg.paper_val else None
-        val = val[:cfg.val_tokens]
-        if not cfg.block_size < n_train <= len(train):
-            raise DataError(f'train_tokens={cfg.train_tokens} must be between block_size+1 '
-                            f'({cfg.block_size + 1}) and the size of the train split ({len(train):,} tokens)')
-        if len(val) <= cfg.block_size:
-            raise DataError(f'the val split ({len(val):,} tokens, val_tokens={cfg.val_tokens}) is shorter '
-                            f'than block_size+1 ({cfg.block_size + 1})')
-        train = budget_tokens(train, cfg.train_tokens, cfg.budget_docs, eot_id(meta))
-        data = TokenData(train, val, cfg.block_size, eval_count, eval_seed, paper)
-        for split, top in (('train', data.top_id), ('val', max_id(val))):  # ids past the vocabulary: garbage
-            if top >= meta['vocab_size']:
-                raise DataError(f"the {split} split (as trained on) holds token id {top:,}, but meta.json's "
-                                f"vocab_size is {meta['vocab_size']:,}: ids must be below it. Fix "
-                                'vocab_size, or the token files (another tokenizer? the wrong "dtype"?)')
+            return vit.open_images(cfg.dataset, cfg.data_dir, eval_count, eval_seed, cfg.paper_val)
+        data = open_tokens(cfg, meta, eval_count, eval_seed)
     except DataError as e:
         raise SystemExit(f'error: {e}') from None
     if cfg.vocab_size is None:
         cfg.vocab_size = -(-meta['vocab_size'] // 64) * 64
     elif cfg.vocab_size < meta['vocab_size']:
-        raise SystemExit(f"error: vocab_size={cfg.vocab_size} is smaller than the dataset's vocabulary "
-                         f"({meta['vocab_size']} in meta.json); use vocab_size=None (padded automatically)")
+        raise SystemExit(f"error: vocab_size={cfg.vocab_size} is smaller than the dataset's "
+                         f"vocabulary ({meta['vocab_size']} in meta.json); use vocab_size=None "
+                         "(padded automatically)")
     return meta, data
 
-# ----------------------------------------------------------------------------- files of a run
 
-def read_log(path, keep):
-    """The records of a JSON-lines file (log.jsonl) that satisfy keep(record); a torn line is dropped."""
-    records = []
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass
-    return [r for r in records if keep(r)]
+def open_tokens(cfg, meta, eval_count, eval_seed):
+    """TokenData of the budget, its sizes and ids checked against block_size and the vocabulary."""
+    train, val = (load_split(cfg.dataset, s, data_dir=cfg.data_dir) for s in ('train', 'val'))
+    n_train = len(train) if cfg.train_tokens is None else cfg.train_tokens
+    paper = None
+    if cfg.paper_val:
+        paper = val[:annex('protocol', 'paper_val').paper_val_tokens(cfg.train_tokens, len(val))]
+    val = val[:cfg.val_tokens]
+    if not cfg.block_size < n_train <= len(train):
+        raise DataError(f'train_tokens={cfg.train_tokens} must be between block_size+1 '
+                        f'({cfg.block_size + 1}) and the size of the train split ({len(train):,} '
+                        'tokens)')
+    if len(val) <= cfg.block_size:
+        raise DataError(f'the val split ({len(val):,} tokens, val_tokens={cfg.val_tokens}) is '
+                        f'shorter than block_size+1 ({cfg.block_size + 1})')
+    train = data_budget(train, cfg.train_tokens, cfg.budget_docs, meta)
+    data = TokenData(train, val, cfg.block_size, eval_count, eval_seed, paper)
+    for split, top in (('train', data.top_id), ('val', max_id(val))):  # past the vocabulary: garbage
+        if top >= meta['vocab_size']:
+            raise DataError(f"the {split} split (as trained on) holds token id {top:,}, but "
+                            f"meta.json's vocab_size is {meta['vocab_size']:,}: ids must be below "
+                            'it. Fix vocab_size, or the token files (another tokenizer? the wrong '
+                            '"dtype"?)')
+    return data
 
+
+# ----------------------------------------------------------------------------- files
 
 def atomic_write(path, write):
     """write(f) into a temporary file, fsync, rename it to `path`: a crash leaves the old file or the new."""

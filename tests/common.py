@@ -3,6 +3,7 @@ here)."""
 import json
 import os
 import subprocess
+import types
 from concurrent.futures import ThreadPoolExecutor
 from unittest import mock
 
@@ -111,3 +112,19 @@ def randomize(model, seed=0):
         else:
             p.copy_(1.0 + 0.3 * r)
     return model
+
+
+def own_folder(d, train, val, meta):
+    """A user's data folder: the ids written with numpy as they are given (their own dtype)."""
+    d.mkdir(exist_ok=True)
+    train.tofile(d / "train.bin")
+    val.tofile(d / "val.bin")
+    (d / "meta.json").write_text(json.dumps(meta))
+    return str(d)
+
+
+def data_cfg(d, **kw):
+    """The keys of train.py's config that open_data reads."""
+    return types.SimpleNamespace(**{**dict(dataset="own", data_dir=d, eval_iters=1, batch_size=2,
+                                           train_tokens=None, budget_docs=None, val_tokens=None,
+                                           block_size=4, paper_val=0, vocab_size=None, seed=1), **kw})

@@ -10,8 +10,9 @@ import pytest
 from tests.common import run_side_by_side
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CORE = ('model.py', 'train.py', 'sample.py', 'analyze.py', 'configurator.py', 'checkpoint.py',
-        'norm_stats.py', 'data/common.py', 'data/prepare_tools.py', 'data/pydocs/prepare.py')
+CORE = ('model.py', 'train.py', 'sample.py', 'analyze.py', 'configurator.py', 'distributed.py',
+        'checkpoint.py', 'run_files.py', 'evaluate.py', 'norm_stats.py', 'data/common.py',
+        'data/prepare_tools.py', 'data/pydocs/prepare.py')
 STEPS = 20
 
 

@@ -18,7 +18,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import train
 from configurator import annex
-from data.common import read_log
+from run_files import read_log
 from model import GPT, NORMS, GPTConfig
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')

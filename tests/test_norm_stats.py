@@ -67,7 +67,7 @@ def test_derf_and_dyt_saturate_alike_at_equal_outputs():
     """A Derf layer whose erf outputs equal a DyT layer's tanh outputs, element by element, has the same
     saturation at every threshold; erf's own argument above t would count far fewer (erf(2) is at 99.5% of
     its bound, tanh(2) at 96.4%)."""
-    dyt, derf = DyT(1, False, 0.8), Derf(1, False, 1.7)
+    dyt, derf = DyT(1, False, alpha0=0.8), Derf(1, False, alpha0=1.7)
     with torch.no_grad():
         derf.shift.fill_(0.3)
     v = torch.arange(-3.995, 4.0, 0.01, dtype=torch.float64)  # tanh's argument, 0.005 or more from every t
@@ -86,7 +86,7 @@ def test_saturation_against_a_loop_over_elements(kind):
     """DyT: |alpha x| > t, the study's count; Derf: |erf(alpha x + s)| > tanh(t), as far from its bound.
     Counted element by element with math.erf and math.tanh, over two calls."""
     torch.manual_seed(3)
-    layer = kind(8, False, 1.3)
+    layer = kind(8, False, alpha0=1.3)
     if kind is Derf:
         with torch.no_grad():
             layer.shift.fill_(-0.4)

@@ -1,9 +1,7 @@
 """train.py and sample.py on tiny models and a tiny synthetic dataset written to a temporary folder."""
-import collections
 import importlib.util
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -13,10 +11,12 @@ import pytest
 import torch
 
 import checkpoint
+import evaluate
 import sample
 import train
-from checkpoint import check_room, clear_stale, load_checkpoint, save_checkpoint
-from configurator import configure, resolve
+from checkpoint import clear_stale, load_checkpoint, save_checkpoint
+from configurator import configure
+from distributed import check_train_config
 from data.common import TokenData, micro_batches
 from tests.common import run_side_by_side
 
@@ -31,7 +31,7 @@ def run(data_dir, out_dir, *args):
 
 
 def train_cfg(*argv):
-    """train.py's keys as configured from argv, before configurator.resolve completes them."""
+    """train.py's keys as configured from argv, before distributed.check_train_config completes them."""
     return train.SimpleNamespace(**configure(train.DEFAULTS, list(argv), train.OPTIONAL_TYPES))
 
 
@@ -89,7 +89,7 @@ def test_the_readmes_commands_run_on_1_2_8_and_16_processes(config, monkeypatch,
     monkeypatch.chdir(REPO)
     for world in (1, 2, 8, 16):  # out_dir in tmp_path: a run in the config's out_dir must not matter
         cfg = train_cfg(config, '--device=cpu', f'--out_dir={tmp_path}')
-        resolve(cfg, world)  # raises SystemExit if the batch or the windows cannot be split
+        check_train_config(cfg, world)  # raises SystemExit if the batch or the windows cannot be split
         n = cfg.batch_size * cfg.gradient_accumulation_steps
         assert n == 64 and cfg.eval_iters * cfg.batch_size == 400
         per_rank = [sum(c for _, c in micro_batches(n, world, r, cfg.batch_size)) for r in range(world)]
@@ -97,7 +97,7 @@ def test_the_readmes_commands_run_on_1_2_8_and_16_processes(config, monkeypatch,
         assert len(micro_batches(n, world, 0, cfg.batch_size)) == {1: 8, 2: 4, 8: 1, 16: 1}[world]
     with pytest.raises(SystemExit, match=r'the 64 samples per step \(batch_size x gradient_accumulation'
                                          r'_steps\) are too few to give each of 100 processes'):
-        resolve(cfg, 100)
+        check_train_config(cfg, 100)
 
 
 def test_configure_order_and_errors(tmp_path):
@@ -165,7 +165,7 @@ def test_train_config_errors(data_dir, tmp_path):
     for sizes in (['--gradient_accumulation_steps=-1', '--batch_size=1'],  # -1 sample to share out
                   ['--gradient_accumulation_steps=-1', '--batch_size=-4']):  # 4 in micro-batches of -4
         with pytest.raises(SystemExit, match='^error: .*gradient_accumulation_steps must be positive'):
-            resolve(train_cfg(*sizes, f'--out_dir={out}'), 4)  # not a ZeroDivisionError
+            check_train_config(train_cfg(*sizes, f'--out_dir={out}'), 4)  # not a ZeroDivisionError
     assert not out.exists()  # every check comes before anything is written
     empty = tmp_path / 'empty'
     empty.mkdir()
@@ -202,10 +202,10 @@ def test_out_dir_is_never_clobbered_and_resume_checks_the_checkpoint(data_dir, t
     assert [r['iter'] for r in records(out, 'eval')] == [0, 1, 2]
     # a checkpoint that is missing, corrupt, or not written by train.py: a reason, not a traceback
     ckpt = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
-    del ckpt['sampler'], ckpt['guard']
+    del ckpt['sampler'], ckpt['best_iter']
     for name, content, message in (('none', None, 'no checkpoint at'),
                                    ('bad', b'PK\x03\x04 torn', 'cannot read checkpoint'),
-                                   ('foreign', ckpt, 'lacks guard, sampler')):
+                                   ('foreign', ckpt, 'lacks best_iter, sampler')):
         os.makedirs(tmp_path / name)
         if isinstance(content, bytes):
             (tmp_path / name / 'ckpt.pt').write_bytes(content)
@@ -456,13 +456,13 @@ def test_collapse_signs_are_warned(data_dir, tmp_path, capsys, monkeypatch):
     assert 'warning: train loss' in capsys.readouterr().out
     # a warmup longer than COLLAPSE_AFTER (the study's 2000 steps) does not delay it: its 500-step screen
     # sees it. Here COLLAPSE_AFTER 4 with a warmup of 100: warned at step 6, not at 3
-    assert train.COLLAPSE_AFTER < 500
-    monkeypatch.setattr(train, 'COLLAPSE_AFTER', 4)
+    assert evaluate.COLLAPSE_AFTER < 500
+    monkeypatch.setattr(evaluate, "COLLAPSE_AFTER", 4)
     out = str(tmp_path / 'long_warmup')
     assert run(data_dir, out, '--max_iters=6', '--eval_interval=3', '--learning_rate=0.0', '--min_lr=0.0',
                '--warmup_iters=100', '--train_tokens=4000') == 0
     evals = records(out, 'eval')
-    assert evals[1]['train_loss'] == evals[2]['train_loss'] > entropy - train.COLLAPSE_MARGIN  # lr 0
+    assert evals[1]['train_loss'] == evals[2]['train_loss'] > entropy - evaluate.COLLAPSE_MARGIN  # lr 0
     assert [r['warnings'] for r in evals[:2]] == [[], []] and len(evals[2]['warnings']) == 1
     assert 'after 6 steps: at the unigram level' in evals[2]['warnings'][0]
     # a model that learns gets no warning
@@ -495,45 +495,14 @@ def test_dyt_learns_below_the_unigram_loss_at_the_default_config(tmp_path):
     assert any('norm layers saturated' in w for w in runs[0.02]['warnings'])
 
 
-def test_paper_val_is_the_studys_slice_with_windows_redrawn_per_eval(tmp_path):
-    """val_loss_paper: the budget's first max(10K, budget / 100) val tokens (the study's protocol), its
-    windows redrawn at every eval from (seed, step): recomputed here from the final checkpoint."""
-    from data.common import derived_seed, paper_val_tokens
-    assert [paper_val_tokens(b, 10**6) for b in (10**6, 10**7, 5 * 10**7, None)] == [
-        10_000, 100_000, 500_000, 10**6]
-    assert paper_val_tokens(5 * 10**7, 247_000) == 247_000  # WikiText-103's val: shorter than 500K
-    d = tmp_path / 'data'
-    d.mkdir()
-    rng = np.random.default_rng(0)
-    rng.integers(0, 60, 8000).astype(np.uint16).tofile(d / 'train.bin')
-    val = rng.integers(0, 60, 30_000).astype(np.uint16)
-    val.tofile(d / 'val.bin')
-    (d / 'meta.json').write_text(json.dumps({'tokenizer': 'byte', 'vocab_size': 60}))
-    assert run(d, tmp_path / 'p', '--max_iters=4', '--eval_interval=2', '--paper_val=6',
-               '--train_tokens=5000') == 0
-    evals = records(tmp_path / 'p', 'eval')
-    assert [e['iter'] for e in evals] == [0, 2, 4] and all(e['val_loss_paper'] for e in evals)
-    model, _ = load_checkpoint(tmp_path / 'p' / 'ckpt.pt')
-    paper = torch.from_numpy(val[:10_000].astype(np.int64))  # budget 5000: the first 10,000 val tokens
-    starts = [torch.randint(10_000 - 16, (6,), generator=torch.Generator().manual_seed(
-        derived_seed(1337, 'val_paper', it))).tolist() for it in (2, 4)]
-    assert starts[0] != starts[1]  # redrawn at every eval
-    x = torch.stack([paper[s:s + 16] for s in starts[1]])
-    y = torch.stack([paper[s + 1:s + 17] for s in starts[1]])
-    with torch.no_grad():
-        assert evals[-1]['val_loss_paper'] == pytest.approx(model(x, y)[1].item(), abs=1e-5)
-    assert evals[-1]['val_loss'] != evals[-1]['val_loss_paper']  # ours: the fixed val windows
-    assert run(d, tmp_path / 'q', '--max_iters=0') == 0
-    assert records(tmp_path / 'q', 'eval')[0]['val_loss_paper'] is None  # off by default
-
-
 def test_evals_are_denser_until_warmup_ends(data_dir, tmp_path):
     """eval_interval_warmup: every 2 steps before step 6 (warmup), then every 4, and at the end."""
     assert run(data_dir, tmp_path / 'e', '--max_iters=10', '--warmup_iters=6', '--eval_interval=4',
                '--eval_interval_warmup=2') == 0
     assert [r['iter'] for r in records(tmp_path / 'e', 'eval')] == [0, 2, 4, 8, 10]
-    with pytest.raises(SystemExit, match='eval_interval_warmup positive'):
-        run(data_dir, tmp_path / 'f', '--eval_interval_warmup=-1')
+    for bad in (-1, 0):
+        with pytest.raises(SystemExit, match='eval_interval, eval_interval_warmup, .*must be positive'):
+            run(data_dir, tmp_path / 'f', f'--eval_interval_warmup={bad}')
 
 
 def test_no_checkpoint_at_step_0_and_stale_temporary_files_removed(data_dir, tmp_path, monkeypatch):
@@ -571,20 +540,6 @@ def test_a_checkpoint_with_one_flipped_byte_is_refused(data_dir, tmp_path):
         load_checkpoint(str(path))
     with pytest.raises(SystemExit, match='damaged'):
         run(data_dir, str(out), '--max_iters=4', '--init_from=resume')
-
-
-def test_the_first_save_is_checked_for_disk_and_memory(data_dir, tmp_path, monkeypatch):
-    """Before the first step: too little free disk for three checkpoints, or host RAM to gather one."""
-    Usage = collections.namedtuple('Usage', 'total used free')
-    monkeypatch.setattr(shutil, 'disk_usage', lambda path: Usage(10**6, 0, 10**4))
-    with pytest.raises(SystemExit, match=r'has 0.0 GiB free; its checkpoints need 0.0 GiB more'):
-        run(data_dir, str(tmp_path / 'full'), '--max_iters=2')
-    assert not os.path.exists(tmp_path / 'full' / 'log.jsonl') or not records(tmp_path / 'full', 'step')
-    monkeypatch.setattr(shutil, 'disk_usage', lambda path: Usage(10**15, 0, 10**15))
-    with open('/proc/meminfo') as f:
-        available = next(int(line.split()[1]) * 1024 for line in f if line.startswith('MemAvailable:'))
-    assert 'host RAM' in check_room(str(tmp_path), 2 * available, gathered=True)
-    assert check_room(str(tmp_path), 2 * available, gathered=False) is None
 
 
 def test_mfu_counts_the_samples_a_process_runs(data_dir, tmp_path, monkeypatch):

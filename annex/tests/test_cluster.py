@@ -18,7 +18,8 @@ import annex.eval as eval_annex
 import sample
 import train
 from checkpoint import build_model, load_checkpoint
-from configurator import configure, resolve
+from configurator import configure
+from distributed import check_train_config
 from tests.common import tiny
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -303,7 +304,7 @@ def test_fsdp_shard_must_divide_the_processes(tmp_path):
                     train.OPTIONAL_TYPES)
     with pytest.raises(SystemExit, match="fsdp_shard=3 needs fsdp=True and must divide the 4 processes "
                                          "\\(a node's GPUs\\)"):
-        resolve(train.SimpleNamespace(**cfg), 4)
+        check_train_config(train.SimpleNamespace(**cfg), 4)
 
 
 SHARDED = """

@@ -4,8 +4,10 @@ printing it), checkpoint size.
 Every figure is checked against something computed another way: datasheet numbers written out here, counts
 of a meta-device model, the storages autograd keeps on CPU, a checkpoint written the way train.py writes
 it."""
+import collections
 import gc
 import os
+import shutil
 import socket
 
 import pytest
@@ -18,6 +20,7 @@ from annex import memory
 from annex.memory import (activation_bytes, checkpoint_bytes, format_memory_plan, gpu_peak_flops,
                           memory_plan, param_count, peak_flops)
 from model import GPT, GPTConfig
+from tests.test_train import records, run
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -405,3 +408,17 @@ def test_the_docs_memory_table_is_the_plans():
         assert (float(copies), float(acts), float(loss), float(total)) == \
             (gb['weight_copies'], gb['activations'], gb['logits'], gb['total'])
         assert share == f"{plan['total'] / 80e9:.0%}"
+
+
+def test_the_first_save_is_checked_for_disk_and_memory(data_dir, tmp_path, monkeypatch):
+    """Before the first step: too little free disk for three checkpoints, or host RAM to gather one."""
+    Usage = collections.namedtuple('Usage', 'total used free')
+    monkeypatch.setattr(shutil, 'disk_usage', lambda path: Usage(10**6, 0, 10**4))
+    with pytest.raises(SystemExit, match=r'has 0.0 GiB free; its checkpoints need 0.0 GiB more'):
+        run(data_dir, str(tmp_path / 'full'), '--max_iters=2')
+    assert not os.path.exists(tmp_path / 'full' / 'log.jsonl') or not records(tmp_path / 'full', 'step')
+    monkeypatch.setattr(shutil, 'disk_usage', lambda path: Usage(10**15, 0, 10**15))
+    with open('/proc/meminfo') as f:
+        available = next(int(line.split()[1]) * 1024 for line in f if line.startswith('MemAvailable:'))
+    assert 'host RAM' in memory.check_room(str(tmp_path), 2 * available, gathered=True)
+    assert memory.check_room(str(tmp_path), 2 * available, gathered=False) is None

@@ -21,7 +21,9 @@ import train
 from annex import report, stats, study
 from checkpoint import load_checkpoint
 from configurator import configure
-from data.common import budget_tokens, random_windows, read_log
+from annex.protocol import budget_tokens
+from data.common import random_windows
+from run_files import read_log
 from tests.common import run_side_by_side
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,0 +1,147 @@
+"""
+Where and how train.py's processes run: its keys checked first, the device and precision (sample.py's
+and analyze.py's too), torchrun's processes and the stop signals, how long collectives wait for a lost
+process, and the check that no process has failed before all go on (any_failed).
+"""
+import functools
+import importlib.util
+import os
+import signal
+from contextlib import nullcontext
+from dataclasses import fields
+from datetime import timedelta
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+
+from configurator import annex
+from data.common import micro_batches
+from model import GPTConfig
+
+LONG_TIMEOUT = 3600  # seconds collectives wait until the first step is done (compiled), and around saves
+
+
+def check_train_config(cfg, world):
+    """train.py's keys checked before anything is read; device, dtype, backend, init_from filled in."""
+    try:
+        cfg.device = pick_device(cfg.device)
+        GPTConfig(**{f.name: getattr(cfg, f.name) for f in fields(GPTConfig)})  # the model's checks
+    except ValueError as e:
+        raise SystemExit(f'error: {e}') from None
+    cfg.dtype = precision(cfg.device, cfg.dtype)[0]
+    if cfg.backend is None:
+        cfg.backend = 'nccl' if cfg.device.startswith('cuda') else 'gloo'
+    if cfg.fsdp or cfg.fsdp_shard:
+        annex('cluster', 'fsdp=True').check_sharding(cfg, world)
+    has_run = any(os.path.exists(os.path.join(cfg.out_dir, name))
+                  for name in ('ckpt.pt', 'ckpt.dcp', 'ckpt.dcp.old'))
+    if cfg.init_from == 'auto':
+        cfg.init_from = 'resume' if has_run else 'scratch'
+    if cfg.init_from not in ('scratch', 'resume'):
+        raise SystemExit("error: init_from must be 'scratch', 'resume' or 'auto'")
+    if has_run and cfg.init_from == 'scratch' and not (cfg.overwrite or cfg.eval_only):
+        raise SystemExit(f'error: {cfg.out_dir} already holds a run (ckpt.pt); pass --out_dir=NEW, '
+                         '--init_from=resume (or auto), or --overwrite=True')
+    if cfg.dtype not in ('float32', 'bfloat16'):
+        raise SystemExit("error: dtype must be 'float32' or 'bfloat16'")
+    sizes = [cfg.eval_interval, cfg.log_interval, cfg.eval_iters, cfg.batch_size, cfg.block_size,
+             cfg.gradient_accumulation_steps]
+    if cfg.eval_interval_warmup is not None:  # None: eval_interval's
+        sizes.append(cfg.eval_interval_warmup)
+    if min(sizes) <= 0:
+        raise SystemExit('error: eval_interval, eval_interval_warmup, log_interval, eval_iters, '
+                         'batch_size, block_size and gradient_accumulation_steps must be positive')
+    if cfg.max_iters < 0 or cfg.paper_val < 0:
+        raise SystemExit(f'error: max_iters ({cfg.max_iters}) must be >= 0 (0 = evaluate the initial '
+                         f'model) and paper_val ({cfg.paper_val}) >= 0 (0 = off)')
+    if cfg.wandb_log and not importlib.util.find_spec('wandb'):
+        raise SystemExit('error: wandb_log=True, but wandb is not installed (pip install wandb)')
+    for n, what in ((cfg.batch_size * cfg.gradient_accumulation_steps, 'samples per step '
+                     '(batch_size x gradient_accumulation_steps)'),
+                    (cfg.eval_iters * cfg.batch_size, 'eval_iters x batch_size eval samples')):
+        counts = [c for r in range(world) for _, c in micro_batches(n, world, r, cfg.batch_size)]
+        if min(counts) == 0:
+            raise SystemExit(f'error: the {n} {what} are too few to give each of {world} processes '
+                             'the same number of micro-batches; raise them or use fewer processes')
+
+
+def pick_device(device=None):
+    """The device asked for (an error if this machine lacks it), or by default cuda, else mps, else cpu."""
+    if device in (None, 'auto'):
+        if torch.cuda.is_available():
+            return 'cuda'
+        return 'mps' if torch.backends.mps.is_available() else 'cpu'
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise ValueError(f"device={device!r} is not a device name; use 'cpu', 'cuda', 'cuda:1' or "
+                         "'mps'") from None
+    available = {'cuda': torch.cuda.is_available(), 'mps': torch.backends.mps.is_available()}
+    if not available.get(kind, True):
+        raise ValueError(f"device={device!r}, but this machine has no {kind} device; use device='cpu'")
+    return device
+
+
+def precision(device, dtype=None):
+    """(dtype name, the context to run the model in): dtype None = 'bfloat16' on a CUDA device that has
+    it, else 'float32'; float32 runs without autocast, and on CUDA its matmuls use TF32."""
+    kind = torch.device(device).type
+    if dtype is None:
+        dtype = 'bfloat16' if kind == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
+    if kind == 'cuda':
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    if dtype == 'float32':
+        return dtype, nullcontext()
+    return dtype, torch.autocast(kind, dtype=getattr(torch, dtype))
+
+
+def world_size():  # processes in the job: torchrun's (or srun's, made torchrun's), else 1
+    return int(os.environ.get('WORLD_SIZE', 1))
+
+
+def setup(cfg, stop_signals):
+    """The processes (under torchrun), this one's device and precision, and the stop signals, which set
+    env.stop: acted on at the next step, by every process at once. cfg: device and dtype filled in."""
+    ddp = 'RANK' in os.environ
+    rank, local_rank = int(os.environ.get('RANK', 0)), int(os.environ.get('LOCAL_RANK', 0))
+    device = cfg.device
+    if ddp:
+        if device.startswith('cuda'):  # modulo: Slurm may show each task only its own GPU
+            device = f'cuda:{local_rank % torch.cuda.device_count()}'
+            torch.cuda.set_device(device)
+            # the flight recorder: on a timeout each rank dumps what it waited for
+            os.environ.setdefault('TORCH_NCCL_TRACE_BUFFER_SIZE', '2000')
+            os.environ.setdefault('TORCH_NCCL_DUMP_ON_TIMEOUT', '1')
+        dist.init_process_group(backend=cfg.backend, timeout=timedelta(seconds=LONG_TIMEOUT))
+    env = SimpleNamespace(ddp=ddp, fsdp=cfg.fsdp and ddp, rank=rank, local_rank=local_rank,
+                          world=world_size(), master=rank == 0, device=device,
+                          device_type=device.split(':')[0], groups=[None],
+                          ptdtype=getattr(torch, cfg.dtype), ctx=precision(device, cfg.dtype)[1],
+                          stop=[])
+    for sig in stop_signals:
+        signal.signal(sig, functools.partial(request_stop, env))
+    return env
+
+
+def request_stop(env, signum, frame):
+    env.stop.append(signal.Signals(signum).name)
+    if signum == signal.SIGINT:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C aborts at once
+
+
+def set_timeout(env, seconds):
+    """How long collectives wait for a lost process before failing (torchtitan's way: long while
+    compiling and saving, short for steps). env.groups: the default group, and HSDP's mesh groups."""
+    for group in env.groups if env.ddp else []:
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds), group)
+
+
+def any_failed(env, error):
+    """Whether any process has an error (each passes its own, or None): all of them learn it at once,
+    so none waits in a collective for a process that has left."""
+    flag = torch.full((), float(bool(error)), device=env.device)
+    if env.ddp:
+        dist.all_reduce(flag)
+    return flag.item() > 0
