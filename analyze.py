@@ -1,21 +1,19 @@
 """
 Measure what the study's explanation rests on (Verma 2026; docs/analysis.md), checkpoints side by side:
-  saturation  the fraction of outputs with |f| > tanh(t), f = tanh(alpha x) or erf(alpha x + s) (DyT:
-              |alpha x| > t), t in 0.5..3.0, in each point-wise norm layer, on train windows (the first
-              of those train.py measures on); global and per layer. Every norm: its input std.
+  saturation  the fraction of |f| > tanh(t), f = tanh(alpha x) or erf(alpha x + s) (DyT: |alpha x| > t),
+              t = 0.5..3.0, per point-wise norm layer and pooled, on the first of train.py's train eval
+              windows; every norm layer's input std
   spectra     HTSR of every 2-D weight: the power-law alpha of the eigenvalues of W^T W (Clauset's fit,
-              as WeightWatcher does it), xmin, KS distance D, tail size, lambda_max, alpha_weighted,
-              stable rank.
-  rank        effective rank (Roy & Vetterli) of each block's output (B*T, D), not centred, and of weights.
-  alpha       the learned DyT/Derf alpha against 1/std of the layer's input; their Pearson correlation.
-  all         everything, with one forward pass and one eigendecomposition per matrix.
+              as WeightWatcher's), xmin, KS distance D, tail size, lambda_max, alpha_weighted, stable rank
+  rank        effective rank (Roy & Vetterli) of each block's output (B*T, D), not centred, and of weights
+  alpha       the learned DyT/Derf alpha against 1/std of the layer's input; their Pearson correlation
+  all         everything, with one forward pass and one eigendecomposition per matrix
 
   python analyze.py saturation out-dyt                     # a directory means its ckpt.pt
   python analyze.py all out-ln out-dyt --ckpt=best --json=cmp.json --plot=figs
 
-Options (--help): ckpt (latest|best), block_size (0 = the model's), max_n (skip weights with a longer
-side), dataset and data_dir (of the train split), train_tokens (-1 = the model's budget, 0 = all),
-json=FILE (schema in docs/analysis.md), plot=DIR (annex/plots.py, matplotlib).
+Options (--help): ckpt (latest|best), train_tokens (-1 = the model's budget, 0 = all), block_size (0 =
+the model's), max_n (skip weights with a longer side), json=FILE (docs/analysis.md), plot=DIR.
 """
 import difflib
 import math
@@ -27,20 +25,21 @@ import numpy as np
 import torch
 
 import norm_stats
-from checkpoint import CHECKPOINTS, checkpoint_file, load_checkpoint
+from checkpoint import checkpoint_file, load_checkpoint
 from configurator import annex, configure, split_args
 from data.common import DataError, data_budget, load_meta, load_split, random_windows, write_json
 from distributed import pick_device
 
-COMMANDS = ("saturation", "spectra", "rank", "alpha", "all")
+SECTIONS = dict(saturation=("saturation",), spectra=("spectra",), rank=("rank",), alpha=("alpha",),
+                all=("saturation", "spectra", "rank", "alpha"))  # each command's
 DEFAULTS = dict(ckpt="latest", windows=50, seed=1337, block_size=0, batch_size=10, device="auto",
-                min_evals=50, max_evals=5000, max_n=50000, dataset="", data_dir="", train_tokens=-1, json="",
-                plot="")
-HEADLINE_T = 2.0      # the study's headline threshold: tanh(2) is 96% of its limit
-EVALS_THRESH = 1e-5   # as WeightWatcher: eigenvalues at or below this count as zero and are not fitted
+                min_evals=50, max_evals=5000, max_n=50000, dataset="", data_dir="",
+                train_tokens=-1, json="", plot="")
+HEADLINE_T = 2.0  # the study's headline threshold: tanh(2) is 96% of its limit
+EVALS_THRESH = 1e-5  # as WeightWatcher: eigenvalues at or below this count as zero, not fitted
 
 
-# ----------------------------------------------------------------------------- the math (no model needed)
+# ------------------------------------------------------------------------------ the math
 
 def fit_powerlaw(evals):
     """Continuous power-law fit of an ESD's tail (Clauset, Shalizi & Newman 2009), as WeightWatcher's
@@ -80,33 +79,30 @@ def effective_rank(s):
     return float(np.exp(-(p * np.log(p)).sum()))
 
 
-def float64_device(device):
-    """Where float64 work on `device`'s tensors is done: there, but for Apple GPUs (no float64)."""
+def float64_device(device):  # where float64 work is done: on the device, but for Apple GPUs
     device = torch.device(device)
     return torch.device("cpu") if device.type == "mps" else device
 
 
 def eigenvalues(mats):
-    """Eigenvalues of W^T W (float64, ascending) of each matrix, its squared singular values: eigvalsh
-    of the Gram matrix on the short side, ~10x faster than an SVD on CPU and accurate to ~1e-16 of
-    lambda_max. Same-shaped matrices share one batched call."""
+    """Eigenvalues of each W^T W (float64, ascending): eigvalsh of the Gram matrix on the short side,
+    ~10x faster than an SVD on CPU, to ~1e-16 of lambda_max; one batched call per shape."""
     groups, out = {}, {}
     for name, W in mats.items():
         groups.setdefault(tuple(W.shape), []).append(name)
     for (r, c), names in groups.items():
-        per_call = max(1, (256 << 20) // (8 * r * c))       # ~256 MB of float64 per call
+        per_call = max(1, (256 << 20) // (8 * r * c))  # ~256 MB of float64 per call
         for k in range(0, len(names), per_call):
             chunk = names[k:k + per_call]
             W = torch.stack([mats[n] for n in chunk])
             W = W.to(float64_device(W.device)).double()
             gram = W @ W.mT if r <= c else W.mT @ W
-            eig = torch.linalg.eigvalsh(gram).clamp(min=0)  # clamp: rounding
-            out.update(zip(chunk, eig.cpu().numpy()))
+            out.update(zip(chunk, torch.linalg.eigvalsh(gram).clamp(min=0).cpu().numpy()))
     return {name: out[name] for name in mats}
 
 
 def spectra(mats, evals, skipped):
-    """HTSR figures per weight matrix from the eigenvalues of W^T W."""
+    """HTSR figures of each weight matrix, and their means."""
     layers = {}
     for name, ev in evals.items():
         fit = fit_powerlaw(ev)
@@ -117,18 +113,18 @@ def spectra(mats, evals, skipped):
         layers[name] = dict(shape=list(mats[name].shape), num_evals=len(ev), **fit, lambda_max=lmax,
                             alpha_weighted=fit["alpha"] * math.log10(lmax),
                             stable_rank=float(ev.sum() / lmax))
+    res = dict(layers=layers, skipped=skipped)
+    for key, f, field in (("mean_alpha", np.mean, "alpha"), ("median_alpha", np.median, "alpha"),
+                          ("mean_alpha_weighted", np.mean, "alpha_weighted"),
+                          ("mean_stable_rank", np.mean, "stable_rank")):
+        res[key] = float(f([v[field] for v in layers.values()])) if layers else None
+    return res
 
-    def stat(f, key):
-        return float(f([v[key] for v in layers.values()])) if layers else None
-    return dict(layers=layers, skipped=skipped, mean_alpha=stat(np.mean, "alpha"),
-                median_alpha=stat(np.median, "alpha"), mean_alpha_weighted=stat(np.mean, "alpha_weighted"),
-                mean_stable_rank=stat(np.mean, "stable_rank"))
 
-
-# ----------------------------------------------------------------------------- model measurements
+# ------------------------------------------------------------------------------ model measurements
 
 def weight_matrices(model, min_evals, max_evals, max_n):
-    """Every 2-D weight (tied lm_head/wte once), filtered like WeightWatcher's min/max_evals and max_N."""
+    """Every 2-D weight (the tied lm_head once), filtered as WeightWatcher's min/max_evals, max_N."""
     keep, skipped = {}, {}
     for name, p in model.named_parameters():
         if p.dim() != 2:
@@ -145,23 +141,21 @@ def weight_matrices(model, min_evals, max_evals, max_n):
     return keep, skipped
 
 
-def sample_windows(data, count, block_size, seed):
-    """count windows of block_size tokens: the first tokens of train.py's eval windows (same seed)."""
+def sample_windows(data, count, block_size, seed):  # the first tokens of train.py's eval windows
     starts = random_windows(len(data), count, block_size + 1, seed)
     return torch.from_numpy(np.stack([data[s:s + block_size] for s in starts]).astype(np.int64))
 
 
 @torch.no_grad()
 def forward_stats(model, windows, batch_size=10, block_ranks=False):
-    """Windows (token ids, or a ViT's images) through the model: norm_stats.read's figures and, with
-    block_ranks, the effective rank of each block's output reshaped to (B*T, D)."""
+    """Windows (token ids, a ViT's images) through the model: norm_stats.read's figures and, with
+    block_ranks, the effective rank of each block's output as (B*T, D)."""
     device = next(model.parameters()).device
-    gram_device = float64_device(device)
-    grams = {}   # block i -> sum of A^T A in float64: the singular values of A without keeping A in memory
+    grams = {}  # block i -> the sum of A^T A in float64: A's singular values without keeping A
 
     def hook(i):
         def accumulate(module, inputs, out):
-            a = out.reshape(-1, out.shape[-1]).to(gram_device).double()
+            a = out.reshape(-1, out.shape[-1]).to(float64_device(device)).double()
             grams[i] = grams.get(i, 0) + a.T @ a
         return accumulate
     blocks = model.transformer.h if block_ranks else []
@@ -184,7 +178,7 @@ def forward_stats(model, windows, batch_size=10, block_ranks=False):
 
 
 def alpha_vs_std(stats):
-    """DyT/Derf layers' learned alpha against 1/std of their input (the DyT paper: alpha tracks 1/std)."""
+    """DyT/Derf layers' alpha against 1/std of their input (the DyT paper: it tracks 1/std)."""
     layers = {name: dict(alpha=l["alpha"], input_std=l["input_std"], inv_std=1.0 / l["input_std"])
               for name, l in stats["layers"].items() if l["alpha"] is not None}
     a = np.array([v["alpha"] for v in layers.values()])
@@ -194,8 +188,8 @@ def alpha_vs_std(stats):
 
 
 def measurement_windows(model, ckpt, opts):
-    """(dataset, windows, tokens seen): the fixed train windows (a ViT's train images) the forward
-    measurements use, inside the checkpoint's data budget unless --train_tokens says otherwise."""
+    """(dataset, windows, tokens): train.py's first train eval windows (a ViT's images), in the
+    checkpoint's data budget unless --train_tokens says otherwise."""
     cfg = ckpt.get("config", {})
     dataset = opts["dataset"] or cfg.get("dataset")
     if not dataset:
@@ -207,7 +201,7 @@ def measurement_windows(model, ckpt, opts):
                          f"{model.config.block_size}")
     own = opts["train_tokens"] < 0  # the model's budget: its prefix, or its subset of documents
     try:
-        if "patch_size" in ckpt["model_args"]:  # train.py's fixed eval images (this seed)
+        if "patch_size" in ckpt["model_args"]:
             vit = annex("vit", "a ViT checkpoint")
             return (dataset, *vit.analysis_images(dataset, data_dir, opts["windows"], opts["seed"]))
         data = data_budget(load_split(dataset, "train", data_dir),
@@ -225,70 +219,67 @@ def measurement_windows(model, ckpt, opts):
 
 
 def analyze(path, command, opts):
-    """All figures of one checkpoint for the command (the JSON schema), and its spectra for plots."""
+    """One checkpoint's figures (the JSON schema), and its eigenvalues for plots."""
     try:
         model, ckpt = load_checkpoint(path, device=opts["device"])
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"analyze.py: {e}") from None
-
-    def want(section):
-        return command in (section, "all")
-    res = dict(path=str(path), iter_num=ckpt.get("iter_num"), dataset=ckpt.get("config", {}).get("dataset"),
-               norm=model.config.norm, model_args=ckpt["model_args"])
-    if want("saturation") or want("alpha") or want("rank"):
+    want = SECTIONS[command]
+    res = dict(path=str(path), iter_num=ckpt.get("iter_num"), norm=model.config.norm,
+               dataset=ckpt.get("config", {}).get("dataset"), model_args=ckpt["model_args"])
+    if {"saturation", "alpha", "rank"} & set(want):
         res["dataset"], windows, tokens = measurement_windows(model, ckpt, opts)
-        res["windows"] = dict(count=len(windows), block_size=model.config.block_size if windows.dim() == 4
-                              else windows.shape[1], seed=opts["seed"], split="train", tokens=tokens)
-        fs = forward_stats(model, windows, opts["batch_size"], block_ranks=want("rank"))
+        T = model.config.block_size if windows.dim() == 4 else windows.shape[1]  # images: patches
+        res["windows"] = dict(count=len(windows), block_size=T, seed=opts["seed"], split="train",
+                              tokens=tokens)
+        fs = forward_stats(model, windows, opts["batch_size"], block_ranks="rank" in want)
         ns = fs["norm"]
-    if want("saturation"):
-        glob = ns["saturation"]
-        res["saturation"] = {"thresholds": ns["thresholds"], "global": glob, "layers": ns["layers"],
-                             "global_at_2": glob[ns["thresholds"].index(HEADLINE_T)] if glob else None}
-    if want("alpha"):
+    if "saturation" in want:
+        at_2 = ns["saturation"][ns["thresholds"].index(HEADLINE_T)] if ns["saturation"] else None
+        res["saturation"] = dict(thresholds=ns["thresholds"], layers=ns["layers"],
+                                 **{"global": ns["saturation"], "global_at_2": at_2})
+    if "alpha" in want:
         res["alpha"] = alpha_vs_std(ns)
     evals = {}
-    if want("spectra") or want("rank"):
+    if "spectra" in want or "rank" in want:
         mats, skipped = weight_matrices(model, opts["min_evals"], opts["max_evals"], opts["max_n"])
         evals = eigenvalues(mats)
-        if want("spectra"):
+        if "spectra" in want:
             res["spectra"] = spectra(mats, evals, skipped)
-    if want("rank"):
+    if "rank" in want:
         w = {name: effective_rank(np.sqrt(ev)) for name, ev in evals.items()}
         res["rank"] = dict(blocks=fs["block_ranks"], mean_blocks=float(np.mean(fs["block_ranks"])),
                            weights=w, mean_weights=float(np.mean(list(w.values()))) if w else None)
-    return res, evals if want("spectra") else {}
+    return res, evals if "spectra" in want else {}
 
 
-# ----------------------------------------------------------------------------- output
+# ------------------------------------------------------------------------------------------ output
 
 def fmt(v, spec=".4g"):
     return "-" if v is None else format(v, spec)
 
 
-def print_table(title, labels, rows, fields=None):
-    """rows: (name, [cell per checkpoint]); checkpoints side by side as columns. With fields, a cell is a
-    tuple of one string per field: each checkpoint's column splits into right-aligned sub-columns under a
-    header row of the field names."""
-    if fields is None:   # one string per checkpoint
-        fields, rows = [""], [(name, [(c,) for c in cells]) for name, cells in rows]
+def print_table(title, labels, rows, fields=("",)):
+    """rows: (name, [cell per checkpoint]), the checkpoints side by side. With fields, a cell is a tuple
+    of one string per field: each checkpoint's column splits into right-aligned sub-columns."""
+    if fields == ("",):  # one string per checkpoint
+        rows = [(name, [(c,) for c in cells]) for name, cells in rows]
     w0 = max([len(r[0]) for r in rows] + [8])
     ws = [[max([len(f)] + [len(r[1][k][j]) for r in rows]) for j, f in enumerate(fields)]
           for k in range(len(labels))]
-
-    def group(cell, w):
-        return "  ".join(c.rjust(wj) for c, wj in zip(cell, w))
-
-    def line(name, groups):
-        print("    ".join([name.ljust(w0)] + groups).rstrip())
-    for w, lab in zip(ws, labels):   # a label wider than its sub-columns widens the first one
-        w[0] += max(0, len(lab) - len(group(fields, w)))
-    print(f"\n{title}")
-    line("", [lab.rjust(len(group(fields, w))) for lab, w in zip(labels, ws)])
+    for w, lab in zip(ws, labels):  # a label wider than its sub-columns widens the first one
+        w[0] += max(0, len(lab) - sum(w) - 2 * (len(w) - 1))
+    lines = [[lab.rjust(sum(w) + 2 * (len(w) - 1)) for lab, w in zip(labels, ws)]]
     if any(fields):
-        line("", [group(fields, w) for w in ws])
-    for name, cells in rows:
-        line(name, [group(cell, w) for cell, w in zip(cells, ws)])
+        lines.append([sub_columns(fields, w) for w in ws])
+    print(f"\n{title}")
+    for name, groups in [("", g) for g in lines] + [
+            (name, [sub_columns(cell, w) for cell, w in zip(cells, ws)]) for name, cells in rows]:
+        print("    ".join([name.ljust(w0)] + groups).rstrip())
+
+
+def sub_columns(cell, widths):
+    return "  ".join(c.rjust(w) for c, w in zip(cell, widths))
 
 
 def rows_by_name(results, section, key, cell, missing="-"):
@@ -298,87 +289,93 @@ def rows_by_name(results, section, key, cell, missing="-"):
                  for r in results]) for n in names]
 
 
-def print_notes(notes):
-    if notes:
-        print("\n" + "\n".join(notes))
-
-
 def report(results, labels):
-    first = results[0].get("windows")
-    if "saturation" in results[0]:
-        th = results[0]["saturation"]["thresholds"]
-        sat = [r["saturation"] for r in results]
-        print_notes([f"{lab}: no DyT/Derf layer: saturation is defined for point-wise norm layers only; "
-                     "input std per layer follows" for lab, s in zip(labels, sat) if s["global"] is None])
-        if any(s["global"] for s in sat):
-            rows = [(f"global t={t:g}", [fmt(s["global"][i], ".3f") if s["global"] else "-" for s in sat])
-                    for i, t in enumerate(th)]
-            at_t = th.index(HEADLINE_T)
-            rows += rows_by_name(results, "saturation", "layers",
-                                 lambda l: fmt(l["saturation"][at_t], ".3f") if l["saturation"] else "-")
-            print_table(f"saturation: fraction of |alpha*x| > t, Derf's |erf| > tanh(t) (layers at "
-                        f"t={HEADLINE_T:g}); {first['count']} train windows of {first['block_size']} tokens, "
-                        f"seed {first['seed']}",
-                        labels, rows)
+    """The tables of each section the command measured, the checkpoints side by side."""
+    first = results[0]
+    if "saturation" in first:
+        notes = [f"{lab}: no DyT/Derf layer: saturation is defined for point-wise norm layers only; "
+                 "input std per layer follows" for lab, r in zip(labels, results)
+                 if r["saturation"]["global"] is None]
+        print_notes(notes)
+        if len(notes) < len(results):
+            print_saturation(results, labels)
         print_table("input std per norm layer", labels,
                     rows_by_name(results, "saturation", "layers", lambda l: fmt(l["input_std"])))
-    if "spectra" in results[0]:
+    if "spectra" in first:
         sp = [r["spectra"] for r in results]
         rows = rows_by_name(results, "spectra", "layers", lambda l: (
-            f"{l['alpha']:.2f}", f"{l['alpha_weighted']:.2f}", f"{l['stable_rank']:.1f}"), missing=("-",) * 3)
+            f"{l['alpha']:.2f}", f"{l['alpha_weighted']:.2f}", f"{l['stable_rank']:.1f}"),
+            missing=("-",) * 3)
         rows += [("mean", [(fmt(s["mean_alpha"], ".2f"), fmt(s["mean_alpha_weighted"], ".2f"),
-                            fmt(s["mean_stable_rank"], ".1f")) for s in sp])]
-        rows += [("median", [(fmt(s["median_alpha"], ".2f"), "", "") for s in sp])]
-        rows += [("layers fitted/skipped", [(f"{len(s['layers'])}/{len(s['skipped'])}", "", "") for s in sp])]
-        print_table("HTSR spectra per weight: power-law alpha (2-4 well trained, 4-6 weak, > 6 random-like, "
-                    "< 2 over-trained),\nalpha_w = alpha_weighted = alpha log10(lambda_max), stable_rank = "
-                    "sum(lambda) / lambda_max", labels, rows, fields=("alpha", "alpha_w", "stable_rank"))
-    if "rank" in results[0]:
+                            fmt(s["mean_stable_rank"], ".1f")) for s in sp]),
+                 ("median", [(fmt(s["median_alpha"], ".2f"), "", "") for s in sp]),
+                 ("layers fitted/skipped", [(f"{len(s['layers'])}/{len(s['skipped'])}", "", "")
+                                            for s in sp])]
+        print_table("HTSR spectra per weight: power-law alpha (2-4 well trained, 4-6 weak, > 6 "
+                    "random-like, < 2 over-trained),\nalpha_w = alpha_weighted = alpha "
+                    "log10(lambda_max), stable_rank = sum(lambda) / lambda_max", labels, rows,
+                    fields=("alpha", "alpha_w", "stable_rank"))
+    if "rank" in first:
         rk = [r["rank"] for r in results]
-        nb = max(len(k["blocks"]) for k in rk)
         rows = [(f"block {i} output", [fmt(k["blocks"][i], ".1f") if i < len(k["blocks"]) else "-"
-                                       for k in rk]) for i in range(nb)]
+                                       for k in rk]) for i in range(max(len(k["blocks"]) for k in rk))]
         rows += [("mean over blocks", [fmt(k["mean_blocks"], ".1f") for k in rk])]
         rows += rows_by_name(results, "rank", "weights", lambda v: fmt(v, ".1f"))
         rows += [("mean over weights", [fmt(k["mean_weights"], ".1f") for k in rk])]
         print_table("effective rank (Roy & Vetterli) of activations and weights", labels, rows)
-    if "alpha" in results[0]:
+    if "alpha" in first:
         print_notes([f"{lab}: no DyT/Derf layer: alpha is defined for point-wise norm layers only"
                      for lab, r in zip(labels, results) if not r["alpha"]["layers"]])
         if any(r["alpha"]["layers"] for r in results):
-            rows = rows_by_name(results, "alpha", "layers",
-                                lambda l: (f"{l['alpha']:.3f}", f"{l['inv_std']:.3f}"), missing=("-", "-"))
+            rows = rows_by_name(results, "alpha", "layers", lambda l: (
+                f"{l['alpha']:.3f}", f"{l['inv_std']:.3f}"), missing=("-", "-"))
             rows += [("pearson r", [(fmt(r["alpha"]["pearson"], ".3f"), "") for r in results])]
             print_table("DyT/Derf learned alpha against 1 / input std", labels, rows,
                         fields=("alpha", "1/std"))
 
 
-# ----------------------------------------------------------------------------- command line
+def print_saturation(results, labels):
+    sat, w = [r["saturation"] for r in results], results[0]["windows"]
+    th = sat[0]["thresholds"]
+    rows = [(f"global t={t:g}", [fmt(s["global"][i], ".3f") if s["global"] else "-" for s in sat])
+            for i, t in enumerate(th)]
+    at_t = th.index(HEADLINE_T)
+    rows += rows_by_name(results, "saturation", "layers",
+                         lambda l: fmt(l["saturation"][at_t], ".3f") if l["saturation"] else "-")
+    print_table(f"saturation: fraction of |alpha*x| > t, Derf's |erf| > tanh(t) (layers at t="
+                f"{HEADLINE_T:g}); {w['count']} train windows of {w['block_size']} tokens, seed "
+                f"{w['seed']}", labels, rows)
+
+
+def print_notes(notes):
+    if notes:
+        print("\n" + "\n".join(notes))
+
+
+# ------------------------------------------------------------------------------ command line
 
 def parse_args(argv):
     """<command> <checkpoint or run dir> ... and --key=value options."""
     pos, options = split_args(argv)
     opts = configure(DEFAULTS, options, doc=__doc__)
-    if pos and pos[0] not in COMMANDS:
-        close = difflib.get_close_matches(pos[0], COMMANDS, n=1)
+    if pos and pos[0] not in SECTIONS:
+        close = difflib.get_close_matches(pos[0], SECTIONS, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
-        raise SystemExit(f"analyze.py: unknown command {pos[0]!r}{hint}; choose one of {', '.join(COMMANDS)}")
+        raise SystemExit(f"analyze.py: unknown command {pos[0]!r}{hint}; choose one of "
+                         f"{', '.join(SECTIONS)}")
     if len(pos) < 2:
-        raise SystemExit(f"usage: python analyze.py <{'|'.join(COMMANDS)}> <ckpt.pt | out_dir> [more ...] "
-                         "[--key=value ...]")
-    if opts["ckpt"] not in CHECKPOINTS:
-        raise SystemExit(f"analyze.py: --ckpt={opts['ckpt']} is not a checkpoint choice; use "
-                         + " or ".join(f"{k} ({f})" for k, f in CHECKPOINTS.items()))
+        raise SystemExit(f"usage: python analyze.py <{'|'.join(SECTIONS)}> <ckpt.pt | out_dir> "
+                         "[more ...] [--key=value ...]")
     if opts["windows"] < 1 or opts["batch_size"] < 1:
         raise SystemExit("analyze.py: --windows and --batch_size must be positive")
     try:
         opts["device"] = pick_device(opts["device"])
+        return pos[0], [Path(checkpoint_file(p, opts["ckpt"])) for p in pos[1:]], opts
     except ValueError as e:
         raise SystemExit(f"analyze.py: {e}") from None
-    return pos[0], pos[1:], opts
 
 
-def label(path):  # a checkpoint's column name: its run directory, and the file's stem unless it is ckpt.pt
+def label(path):  # a checkpoint's column: its run directory, and the file's stem unless ckpt.pt
     if not path.parent.name:
         return path.stem
     return path.parent.name if path.name == "ckpt.pt" else f"{path.parent.name}/{path.stem}"
@@ -386,8 +383,7 @@ def label(path):  # a checkpoint's column name: its run directory, and the file'
 
 def main(argv):
     command, paths, opts = parse_args(argv)
-    plots = annex("plots", "--plot") if opts["plot"] else None  # said before the measurements, not after
-    paths = [Path(checkpoint_file(p, opts["ckpt"])) for p in paths]
+    plots = annex("plots", "--plot") if opts["plot"] else None  # said before measuring, not after
     labels = [label(p) for p in paths]
     labels = [lab if labels.count(lab) == 1 else f"{lab}#{k}" for k, lab in enumerate(labels)]
     out = [analyze(p, command, opts) for p in paths]

@@ -1,8 +1,8 @@
 """
-Checkpoints: one torch.save file each, 'model' and 'model_args', and from train.py also 'optimizer',
-'config', 'tokenizer', the sampler and the loop state (LoopState). How every script loads one (its
-CRC-32s checked first), how train.py writes them (gathered from FSDP shards too) and resumes. A big
-multi-process run's sharded checkpoints (ckpt.dcp/) are annex/cluster.py's.
+Checkpoints, one torch.save file each: 'model' and 'model_args', and from train.py 'optimizer',
+'config', 'tokenizer', 'sampler' and the loop state (LoopState). Every script loads them here, CRC-32s
+checked first; train.py writes them (gathered from FSDP shards too) and resumes from them. Sharded
+checkpoints (ckpt.dcp/, of a big multi-process run) are annex/cluster.py's.
 """
 import os
 import pickle
@@ -14,8 +14,7 @@ from dataclasses import dataclass, fields
 
 import torch
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict,
-                                                     set_model_state_dict,
+                                                     get_optimizer_state_dict, set_model_state_dict,
                                                      set_optimizer_state_dict)
 
 from configurator import annex
@@ -24,13 +23,13 @@ from distributed import any_failed, pick_device
 from model import GPT, GPTConfig
 
 CHECKPOINTS = {'latest': 'ckpt.pt', 'best': 'best.pt'}  # a run's checkpoints, by the names users pick
-SHARDED = {'latest': 'ckpt.dcp', 'best': 'best.dcp'}  # the same, as folders of shards (annex/cluster.py)
+SHARDED = {'latest': 'ckpt.dcp', 'best': 'best.dcp'}  # the same as folders of shards
 COPY_AGAIN = "Copy it again, or use the run's other checkpoint (ckpt.pt / best.pt)"
 
 
 @dataclass
 class LoopState:
-    """train.py's loop as a checkpoint holds it (its fields by name) and summary.json reports it."""
+    """train.py's loop, as a checkpoint holds it (field by field) and summary.json reports it."""
     iter_num: int = 0  # the next step
     best_val_loss: float = float('inf')
     best_iter: int | None = None
@@ -41,7 +40,7 @@ class LoopState:
 
     @classmethod
     def from_checkpoint(cls, ckpt):
-        guard = ckpt.get('guard', {})  # how checkpoints before LoopState held the two EMAs
+        guard = ckpt.get('guard', {})  # how older checkpoints held the two EMAs
         saved = dict(loss_ema=guard.get('ema'), best_loss_ema=guard.get('best_ema')) | ckpt
         return cls(**{f.name: saved[f.name] for f in fields(cls) if f.name in saved})
 
@@ -49,35 +48,29 @@ class LoopState:
 def checkpoint_file(path, which='latest'):
     """A file as it is, or a run directory's ckpt.pt ('latest', every eval) or best.pt ('best')."""
     if which not in CHECKPOINTS:
-        raise ValueError(f"{which!r} is not a checkpoint choice; use 'latest' (ckpt.pt) or 'best' "
-                         "(best.pt)")
+        raise ValueError(f"--ckpt={which} is not a checkpoint choice; use latest (ckpt.pt) or best (best.pt)")
     return os.path.join(path, CHECKPOINTS[which]) if os.path.isdir(path) else str(path)
 
 
 def load_checkpoint(path, device='cpu', which='latest', language_model=False, verify=True):
-    """A train.py (or nanoGPT) checkpoint -> (model in eval mode, checkpoint dict); errors say what is
-    wrong. verify: every byte checked against the archive's CRC-32s first (torch.load does not).
-    device='meta' checks keys and shapes without a copy of the weights: the file is memory-mapped."""
+    """(model in eval mode, checkpoint dict) of a train.py or nanoGPT checkpoint. verify: CRC-32s checked
+    (torch.load does not). device='meta' checks keys and shapes without copying the weights."""
     path = checkpoint_file(path, which)
     if not os.path.isfile(path):
         how = "give a run's out_dir or its ckpt.pt / best.pt (train one with `python train.py`)"
         if os.path.isdir(os.path.join(os.path.dirname(path), SHARDED[which])):
-            how = f"export it first: python annex/cluster.py export {os.path.dirname(path)}"
-            if which == 'best':
-                how += ' --which=best'
+            how = f"export it first: python annex/cluster.py export {os.path.dirname(path)} --which={which}"
         raise FileNotFoundError(f"no checkpoint at {path}: {how}")
     device = pick_device(device)
     if verify:
         check_crc(path)
     ckpt = read_checkpoint(path)
     if language_model and 'patch_size' in ckpt['model_args']:  # sample.py, annex/eval.py
-        raise ValueError(f"{path} holds a ViT, an image classifier: this needs a language model "
-                         "(analyze.py reads both)")
+        raise ValueError(f"{path} holds a ViT, an image classifier: this needs a language model")
     return load_weights(ckpt, path, device), ckpt
 
 
-def check_crc(path):
-    """Every byte of a checkpoint archive against its CRC-32s; not an archive: read_checkpoint says."""
+def check_crc(path):  # not an archive: read_checkpoint says so
     if not zipfile.is_zipfile(path):
         return
     try:
@@ -86,39 +79,37 @@ def check_crc(path):
     except (zipfile.BadZipFile, OSError, EOFError) as e:
         damaged = f'({type(e).__name__}: {e})'
     if damaged:
-        raise ValueError(f"checkpoint {path} is damaged: {damaged} fails its CRC-32 check (bytes "
-                         f"changed on disk or in a copy). {COPY_AGAIN}")
+        raise ValueError(f"checkpoint {path} is damaged: {damaged} fails its CRC-32 check (bytes changed "
+                         f"on disk or in a copy). {COPY_AGAIN}")
 
 
 def read_checkpoint(path):
-    """The checkpoint's dict, memory-mapped (no second copy), with errors that say what is wrong."""
     try:
-        ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)
+        ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)  # no second copy
     except Exception as e:  # PyTorch's own message suggests save options that do not apply here
+        why = f'the archive is damaged ({type(e).__name__})'
         if not zipfile.is_zipfile(path):
-            why = 'it is not a complete checkpoint archive (truncated by an interrupted copy or a full disk?)'
+            why = 'it is not a complete checkpoint archive (cut short by a copy or a full disk?)'
         elif isinstance(e, pickle.UnpicklingError):
             why = 'it holds objects other than tensors and plain values; it was not written by train.py'
-        else:
-            why = f'the archive is damaged ({type(e).__name__})'
         raise ValueError(f"cannot read checkpoint {path}: {why}. {COPY_AGAIN}") from None
     if not isinstance(ckpt, dict) or 'model' not in ckpt or 'model_args' not in ckpt:
-        raise ValueError(f"{path} is not a training checkpoint: it needs 'model' and 'model_args' "
-                         "entries")
+        raise ValueError(f"{path} is not a training checkpoint: it needs 'model' and 'model_args' entries")
     ckpt['model'] = {strip_wrappers(k): v for k, v in ckpt['model'].items()}
-    upgrade_checkpoint(ckpt)
+    moments = ckpt.get('optimizer', {}).get('state', {}).get('embed_scale', {})
+    for state in (ckpt['model'], moments):  # older 0-dim embed_scale: FSDP2 shards no 0-dim tensor
+        state.update({k: v.reshape(1) for k, v in state.items()
+                      if k in ('embed_scale', 'exp_avg', 'exp_avg_sq') and v.dim() == 0})
     return ckpt
 
 
 def load_weights(ckpt, path, device):
-    """The model of ckpt's model_args, built on `device` (no full-size copy on the CPU first), with its
-    weights."""
+    """The model of ckpt's model_args with its weights, built on `device` (no copy on the CPU first)."""
     try:
         with torch.device(device):
             model = build_model(ckpt['model_args'])
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{path}: its model_args do not describe a model this version builds: {e}") \
-            from None
+        raise ValueError(f"{path}: its model_args describe no model this version builds: {e}") from None
     state = {k: v.to('meta') if device == 'meta' else v for k, v in ckpt['model'].items()
              if not k.endswith('.attn.bias')}  # old nanoGPT checkpoints also saved the causal mask
     mismatch = f"{path}: the weights do not match its model_args (another architecture?):"
@@ -133,27 +124,17 @@ def load_weights(ckpt, path, device):
     return model.eval()
 
 
-def build_model(model_args):
-    """The model that a checkpoint's model_args describe: a ViT's (annex/vit.py) have a patch_size."""
+def build_model(model_args):  # a ViT's (annex/vit.py) have a patch_size
     if 'patch_size' in model_args:
         vit = annex('vit', 'a ViT')
         return vit.ViT(vit.ViTConfig(**model_args))
     return GPT(GPTConfig(**model_args))
 
 
-def strip_wrappers(key):
-    """A parameter name without the prefixes torch.compile ('_orig_mod.') and DDP ('module.') add."""
+def strip_wrappers(key):  # the prefixes torch.compile ('_orig_mod.') and DDP ('module.') add
     while key.startswith(('_orig_mod.', 'module.')):
         key = key.removeprefix('_orig_mod.').removeprefix('module.')
     return key
-
-
-def upgrade_checkpoint(ckpt):
-    """Older checkpoints' 0-dim embed_scale and moments made 1-element (FSDP2 cannot shard 0-dim)."""
-    moments = ckpt.get('optimizer', {}).get('state', {}).get('embed_scale', {})
-    for state in (ckpt['model'], moments):
-        state.update({k: v.reshape(1) for k, v in state.items()
-                      if k in ('embed_scale', 'exp_avg', 'exp_avg_sq') and v.dim() == 0})
 
 
 def few(items, n=3):
@@ -161,12 +142,11 @@ def few(items, n=3):
     return ', '.join(items[:n]) + more if items else 'none'
 
 
-# ------------------------------------------------------------------------------------------------------
-# train.py's side: writing and resuming
+# ----------------------------------------------------------------------------------------------------
+# train.py's: writing and resuming
 
 def training_state(model, optimizer, **fields):
-    """The whole model and optimizer state, gathered from FSDP shards into CPU memory (one file whatever
-    the process count), and `fields`. Every process calls it."""
+    """The whole model and optimizer state, gathered from FSDP shards into CPU memory, and `fields`."""
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights = get_model_state_dict(model, options=full)
     if 'lm_head.weight' in weights:  # tied to the token embedding, but gathered as two copies
@@ -176,8 +156,7 @@ def training_state(model, optimizer, **fields):
 
 
 def save_checkpoint(state, out_dir, best=False):
-    """out_dir/ckpt.pt, written atomically; with best, best.pt too: a hard link to the same bytes (a
-    copy where links are not supported). The next ckpt.pt is a new file."""
+    """out_dir/ckpt.pt, written atomically, and with best best.pt: a hard link to it (or a copy)."""
     path = os.path.join(out_dir, CHECKPOINTS['latest'])
     atomic_write(path, lambda f: torch.save(state, f))
     if best:
@@ -192,9 +171,8 @@ def save_checkpoint(state, out_dir, best=False):
 
 
 def save_run(model, optimizer, fields, out_dir, env, best=False, sharded=None):
-    """train.py's checkpoint, by every process: ckpt.pt that rank 0 writes from the state gathered
-    from all (FSDP), or, with `sharded` (annex/cluster.py), ckpt.dcp/ that each writes its part of. A
-    failure anywhere (disk full, quota) ends every process at once: none waits an hour for it."""
+    """train.py's checkpoint, by every process: ckpt.pt from rank 0, or ckpt.dcp/ (`sharded`:
+    annex/cluster.py) from all. A failure anywhere ends every process at once: none waits an hour."""
     error = None
     try:
         if sharded:
@@ -207,18 +185,15 @@ def save_run(model, optimizer, fields, out_dir, env, best=False, sharded=None):
         error = f'{type(e).__name__}: {e}'
         print(f'rank {env.rank}: could not save the checkpoint: {error}', file=sys.stderr)
     if any_failed(env, error):
-        where = error or 'on another process'
-        raise SystemExit(f"error: checkpoint at iter {fields['iter_num']} not saved ({where}); the "
-                         'last one saved is intact')
+        raise SystemExit(f"error: checkpoint at iter {fields['iter_num']} not saved "
+                         f"({error or 'on another process'}); the last one saved is intact")
 
 
 def read_resume_checkpoint(cfg, model_args, n_train, master):
-    """The checkpoint to resume from, checked against the config (on every process: memory-mapped, no
-    copy; its CRC-32s by rank 0). A sharded one (ckpt.dcp/) first: without its weights, which
-    load_training_state reads."""
-    folder = os.path.join(cfg.out_dir, SHARDED['latest'])
-    path = folder
-    try:  # clear errors for a missing, corrupt or foreign file (checked on 'meta': no copy)
+    """The checkpoint to resume from (a sharded one first, without its weights), checked against the
+    config by every process (on 'meta': no copy; CRC-32s by rank 0)."""
+    path = folder = os.path.join(cfg.out_dir, SHARDED['latest'])
+    try:
         if os.path.isdir(folder):
             ckpt = annex('cluster', 'a sharded checkpoint (ckpt.dcp)').read_fields(folder)
         else:
@@ -226,52 +201,44 @@ def read_resume_checkpoint(cfg, model_args, n_train, master):
             _, ckpt = load_checkpoint(path, device='meta', verify=master)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: init_from='resume': {e}") from None
-    needed = ('config', 'iter_num', 'best_val_loss', 'best_iter', 'last_eval', 'sampler',
-              'sharded' if 'sharded' in ckpt else 'optimizer')
-    missing = [k for k in needed if k not in ckpt]
+    missing = [k for k in ('config', 'iter_num', 'best_val_loss', 'best_iter', 'last_eval', 'sampler',
+                           'sharded' if 'sharded' in ckpt else 'optimizer') if k not in ckpt]
     if missing:
-        raise SystemExit(f"error: {path} lacks {', '.join(missing)}: it was not written by this "
-                         "train.py and cannot be resumed exactly; start a new run in a new out_dir")
+        raise SystemExit(f"error: {path} lacks {', '.join(missing)}: not written by this train.py, it "
+                         "cannot be resumed exactly; start a new run in a new out_dir")
     old = ckpt['model_args']
     changed = [f'{k} (checkpoint {old.get(k)!r}, config {v!r})' for k, v in model_args.items()
                if old.get(k) != v and k != 'dropout']
     if changed:
         raise SystemExit('error: the config changes the architecture of the run being resumed: '
                          + ', '.join(changed) + ". Keep the checkpoint's values or use a new out_dir.")
-    if master:
-        print_resume_notes(cfg, ckpt, n_train)
-    return ckpt
-
-
-def print_resume_notes(cfg, ckpt, n_train):
-    """What changes on resume without changing the model: dropout, the dataset, the data order."""
-    if ckpt['model_args'].get('dropout') != cfg.dropout:
-        print(f"note: dropout changes from {ckpt['model_args'].get('dropout')} to {cfg.dropout}")
-    if ckpt['config'].get('dataset') != cfg.dataset:
+    s = ckpt['sampler']
+    if master and old.get('dropout') != cfg.dropout:
+        print(f"note: dropout changes from {old.get('dropout')} to {cfg.dropout}")
+    if master and ckpt['config'].get('dataset') != cfg.dataset:
         print(f"warning: resuming a run trained on dataset {ckpt['config'].get('dataset')!r} with "
               f"dataset {cfg.dataset!r}")
-    s = ckpt['sampler']
-    if (s['seed'], s['train_tokens'], s.get('budget_docs')) != (cfg.seed, n_train, cfg.budget_docs):
+    if master and (s['seed'], s['train_tokens'], s.get('budget_docs')) != (cfg.seed, n_train,
+                                                                           cfg.budget_docs):
         print(f"warning: resuming with seed/train_tokens/budget_docs {cfg.seed}/{n_train:,}/"
               f"{cfg.budget_docs} where the checkpoint has {s['seed']}/{s['train_tokens']:,}/"
               f"{s.get('budget_docs')}: the data order changes")
+    return ckpt
 
 
-def has_ended(cfg, state, master):
-    """Whether the run being resumed has ended (max_iters reached, summary.json written)."""
+def has_ended(cfg, state, master):  # the run being resumed: max_iters reached, summary.json written
     if state.iter_num < cfg.max_iters or cfg.eval_only:
         return False
     if not os.path.exists(os.path.join(cfg.out_dir, 'summary.json')):
         return False
     if master:
-        print(f'{cfg.out_dir} is already at max_iters={cfg.max_iters} (iter {state.iter_num}): '
-              'nothing to do; raise --max_iters to continue')
+        print(f'{cfg.out_dir} is already at max_iters={cfg.max_iters} (iter {state.iter_num}): nothing '
+              'to do; raise --max_iters to continue')
     return True
 
 
 def load_training_state(raw, optimizer, ckpt, env):
-    """Weights and optimizer state of a resumed run: rank 0 reads them and broadcasts them; from a
-    sharded checkpoint each process reads its part."""
+    """A resumed run's weights and AdamW state: rank 0's, broadcast; a sharded one's, each its part."""
     if 'sharded' in ckpt:
         annex('cluster').load_sharded(raw, optimizer, ckpt['sharded'], env)
         return
@@ -282,9 +249,8 @@ def load_training_state(raw, optimizer, ckpt, env):
 
 
 def clear_stale(out_dir):
-    """Remove what an interrupted save left in out_dir (its name changes with each requeue, so nothing
-    else would): ckpt.pt.tmp<pid>, best.pt.tmp<pid>, *.dcp.tmp/; a sharded checkpoint caught between
-    its two renames is put back (ckpt.dcp.old -> ckpt.dcp)."""
+    """What an interrupted save left (its name changes with each requeue): ckpt.pt.tmp<pid>,
+    *.dcp.tmp/ removed; a sharded checkpoint caught between its two renames put back."""
     for name in os.listdir(out_dir) if os.path.isdir(out_dir) else []:
         path = os.path.join(out_dir, name)
         if re.fullmatch(r'(ckpt|best)\.(pt\.tmp\d+|dcp\.tmp)', name):

@@ -22,17 +22,16 @@ def config_keys(namespace):
                 if not k.startswith('_') and not k.isupper() and isinstance(v, PLAIN)}
     hints = inspect.get_annotations(sys.modules[namespace['__name__']])
     return defaults, {k: next(t for t in hint.__args__ if t is not type(None))
-                      for k, hint in hints.items()
-                      if isinstance(hint, types.UnionType) and k in defaults}
+                      for k, hint in hints.items() if isinstance(hint, types.UnionType) and k in defaults}
 
 
 def run_config_file(path, namespace=None, what='config file'):
-    """Execute a Python config file on top of `namespace` (a copy) and return the resulting names."""
+    """The names a Python config file leaves, run on top of a copy of `namespace`."""
     if not os.path.isfile(path):
-        folder = os.path.dirname(path) or '.'
+        folder = os.path.dirname(path)
         names = []
-        if os.path.isdir(folder):
-            names = [os.path.join(os.path.dirname(path), f) for f in os.listdir(folder)]
+        if os.path.isdir(folder or '.'):
+            names = [os.path.join(folder, f) for f in os.listdir(folder or '.')]
         close = difflib.get_close_matches(path, names, n=3, cutoff=0.6)
         hint = f"; did you mean {' or '.join(close)}?" if close else ''
         raise SystemExit(f"error: {what} '{path}' not found{hint}")
@@ -42,18 +41,17 @@ def run_config_file(path, namespace=None, what='config file'):
     return namespace
 
 
-def split_args(argv):  # (positional arguments, --key=value options): paths or a command, then options
+def split_args(argv):  # (positional arguments, --key=value options)
     return [a for a in argv if not a.startswith('-')], [a for a in argv if a.startswith('-')]
 
 
 def checked(key, value, defaults, optional_types, source, text=None):
-    """value, if it may be key's (the default's type; an int does for a float); else an error."""
+    """value if key takes it (the default's type; an int does for a float), else an error."""
     if key not in defaults:
         close = difflib.get_close_matches(key, list(defaults), n=3, cutoff=0.6)
         hint = f"; did you mean {' or '.join(close)}?" if close else "; --help lists the keys"
         if not source.startswith('--'):  # a config file's own helper variable
-            hint += (f" (a config file's own variables must start with '_', e.g. _{key}: they are "
-                     "ignored)")
+            hint += f" (a config file's own variables must start with '_', e.g. _{key}: they are ignored)"
         raise SystemExit(f"error: unknown config key '{key}' (from {source}){hint}")
     nullable = key in optional_types or defaults[key] is None
     want = optional_types.get(key, None if defaults[key] is None else type(defaults[key]))
@@ -65,14 +63,13 @@ def checked(key, value, defaults, optional_types, source, text=None):
         return float(value)
     if want is not None and type(value) is not want:
         either = ' or None' if nullable else ''
-        raise SystemExit(f"error: config key '{key}' (from {source}) must be {want.__name__}{either}, "
-                         f"got {value!r} ({type(value).__name__})")
+        raise SystemExit(f"error: config key '{key}' (from {source}) must be {want.__name__}{either}, got "
+                         f"{value!r} ({type(value).__name__})")
     return value
 
 
 def configure(defaults, argv, optional_types=None, doc=None):
-    """A new dict: defaults <- config files <- --key=value, each value checked. A key in
-    optional_types takes that type or None; --help prints doc and the keys."""
+    """A new dict: defaults <- config files <- --key=value, each value checked; --help prints doc."""
     optional_types = optional_types or {}
     if '--help' in argv or '-h' in argv:
         print((doc or '').strip() + '\n\nkeys and defaults (override with config files and --key=value):')
@@ -98,14 +95,13 @@ def configure(defaults, argv, optional_types=None, doc=None):
 
 
 def annex(name, needed_by=None):
-    """The module annex/<name>.py. Where a fork has deleted it: None, or, for an option or data that
-    needs it (needed_by), an error that says so."""
+    """annex/<name>.py; where a fork has deleted it, None, or for an option that needs it an error."""
     try:
         return importlib.import_module(f'annex.{name}')
     except ModuleNotFoundError as e:
         if e.name not in ('annex', f'annex.{name}'):
             raise
         if needed_by:
-            raise SystemExit(f'error: {needed_by} needs annex/{name}.py, which this copy of nanonorm '
-                             'does not have (restore it from the nanonorm repository)') from None
+            raise SystemExit(f'error: {needed_by} needs annex/{name}.py, which this copy of nanonorm does '
+                             'not have (restore it from the nanonorm repository)') from None
         return None

@@ -1,7 +1,7 @@
 """
-Where and how train.py's processes run: its keys checked first, the device and precision (sample.py's
-and analyze.py's too), torchrun's processes and the stop signals, how long collectives wait for a lost
-process, and the check that no process has failed before all go on (any_failed).
+Where and how train.py's processes run: its keys checked first; the device and precision (sample.py's
+and analyze.py's too); torchrun's processes and the stop signals; how long collectives wait for a lost
+process; and the check that no process has failed before all go on (any_failed).
 """
 import functools
 import importlib.util
@@ -19,7 +19,7 @@ from configurator import annex
 from data.common import micro_batches
 from model import GPTConfig
 
-LONG_TIMEOUT = 3600  # seconds collectives wait until the first step is done (compiled), and around saves
+LONG_TIMEOUT = 3600  # seconds collectives wait until the first step is done (compiled), and for saves
 
 
 def check_train_config(cfg, world):
@@ -57,17 +57,16 @@ def check_train_config(cfg, world):
                          f'model) and paper_val ({cfg.paper_val}) >= 0 (0 = off)')
     if cfg.wandb_log and not importlib.util.find_spec('wandb'):
         raise SystemExit('error: wandb_log=True, but wandb is not installed (pip install wandb)')
-    for n, what in ((cfg.batch_size * cfg.gradient_accumulation_steps, 'samples per step '
-                     '(batch_size x gradient_accumulation_steps)'),
+    for n, what in ((cfg.batch_size * cfg.gradient_accumulation_steps,
+                     'samples per step (batch_size x gradient_accumulation_steps)'),
                     (cfg.eval_iters * cfg.batch_size, 'eval_iters x batch_size eval samples')):
-        counts = [c for r in range(world) for _, c in micro_batches(n, world, r, cfg.batch_size)]
-        if min(counts) == 0:
+        if min(c for r in range(world) for _, c in micro_batches(n, world, r, cfg.batch_size)) == 0:
             raise SystemExit(f'error: the {n} {what} are too few to give each of {world} processes '
                              'the same number of micro-batches; raise them or use fewer processes')
 
 
 def pick_device(device=None):
-    """The device asked for (an error if this machine lacks it), or by default cuda, else mps, else cpu."""
+    """The device asked for (an error if this machine lacks it); by default cuda, else mps, else cpu."""
     if device in (None, 'auto'):
         if torch.cuda.is_available():
             return 'cuda'
@@ -75,17 +74,16 @@ def pick_device(device=None):
     try:
         kind = torch.device(device).type
     except RuntimeError:
-        raise ValueError(f"device={device!r} is not a device name; use 'cpu', 'cuda', 'cuda:1' or "
-                         "'mps'") from None
-    available = {'cuda': torch.cuda.is_available(), 'mps': torch.backends.mps.is_available()}
-    if not available.get(kind, True):
+        raise ValueError(f"device={device!r} is not a device name; use 'cpu', 'cuda', 'cuda:1' or 'mps'") \
+            from None
+    if not {'cuda': torch.cuda.is_available(), 'mps': torch.backends.mps.is_available()}.get(kind, True):
         raise ValueError(f"device={device!r}, but this machine has no {kind} device; use device='cpu'")
     return device
 
 
 def precision(device, dtype=None):
-    """(dtype name, the context to run the model in): dtype None = 'bfloat16' on a CUDA device that has
-    it, else 'float32'; float32 runs without autocast, and on CUDA its matmuls use TF32."""
+    """(dtype, the context to run the model in): None = 'bfloat16' on a CUDA device that has it, else
+    'float32', which runs without autocast (on CUDA with TF32 matmuls)."""
     kind = torch.device(device).type
     if dtype is None:
         dtype = 'bfloat16' if kind == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
@@ -102,8 +100,8 @@ def world_size():  # processes in the job: torchrun's (or srun's, made torchrun'
 
 
 def setup(cfg, stop_signals):
-    """The processes (under torchrun), this one's device and precision, and the stop signals, which set
-    env.stop: acted on at the next step, by every process at once. cfg: device and dtype filled in."""
+    """The processes (under torchrun), this one's device and precision, and the stop signals, which
+    set env.stop: every process acts on it at the next step."""
     ddp = 'RANK' in os.environ
     rank, local_rank = int(os.environ.get('RANK', 0)), int(os.environ.get('LOCAL_RANK', 0))
     device = cfg.device
@@ -117,9 +115,8 @@ def setup(cfg, stop_signals):
         dist.init_process_group(backend=cfg.backend, timeout=timedelta(seconds=LONG_TIMEOUT))
     env = SimpleNamespace(ddp=ddp, fsdp=cfg.fsdp and ddp, rank=rank, local_rank=local_rank,
                           world=world_size(), master=rank == 0, device=device,
-                          device_type=device.split(':')[0], groups=[None],
-                          ptdtype=getattr(torch, cfg.dtype), ctx=precision(device, cfg.dtype)[1],
-                          stop=[])
+                          device_type=device.split(':')[0], groups=[None], stop=[],
+                          ptdtype=getattr(torch, cfg.dtype), ctx=precision(device, cfg.dtype)[1])
     for sig in stop_signals:
         signal.signal(sig, functools.partial(request_stop, env))
     return env
@@ -133,14 +130,14 @@ def request_stop(env, signum, frame):
 
 def set_timeout(env, seconds):
     """How long collectives wait for a lost process before failing (torchtitan's way: long while
-    compiling and saving, short for steps). env.groups: the default group, and HSDP's mesh groups."""
+    compiling and saving, short for steps), on the default group and HSDP's mesh groups."""
     for group in env.groups if env.ddp else []:
         dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds), group)
 
 
 def any_failed(env, error):
-    """Whether any process has an error (each passes its own, or None): all of them learn it at once,
-    so none waits in a collective for a process that has left."""
+    """Whether any process has an error (each passes its own, or None): all learn it at once, so none
+    waits in a collective for one that has left."""
     flag = torch.full((), float(bool(error)), device=env.device)
     if env.ddp:
         dist.all_reduce(flag)

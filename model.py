@@ -1,12 +1,12 @@
 """
-One GPT for the question "when does removing LayerNorm help?". Flags switch, each in one place below:
+One GPT for the question "when does removing LayerNorm help?". Flags switch, each in one place:
   norm: 'layernorm' | 'rmsnorm' | 'dyt' | 'derf' | 'hardtanh'   -> the five norms, NORMS
   attn: 'standard' | 'diff' (Differential Attention)             -> CausalSelfAttention
   mlp:  'gelu' | 'swiglu'                                        -> MLP
-  pos:  'learned' | 'rope'                                       -> apply_rope(), GPT.forward
-Defaults and parameter names are nanoGPT's GPT-2, so its checkpoints load as they are. Formulas follow the
-DyT paper (Zhu et al. 2025), the Derf paper (Chen et al. 2025), microsoft/unilm's Diff-Transformer (Ye et
-al. 2025) and Llama.
+  pos:  'learned' | 'rope'                                       -> apply_rope(), GPT.hidden
+Defaults and parameter names are nanoGPT's GPT-2, so its checkpoints load as they are. Formulas
+follow the DyT paper (Zhu et al. 2025), the Derf paper (Chen et al. 2025), microsoft/unilm's
+Diff-Transformer (Ye et al. 2025) and Llama.
 """
 import math
 from dataclasses import dataclass
@@ -15,12 +15,12 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-# ------------------------------------------------------------------------------------------------------------
-# The norms, each built as Norm(ndim, bias, eps, alpha0) and using what it needs. DyT and Derf replace the
-# statistics of LayerNorm and RMSNorm by a bounded function of each value alone, with ONE learnable alpha
-# per layer; HardTanh is the study's control, the bound without the slope. A norm with squashed(x) (what
-# its bounded f is applied to) and cut(t) (|f(u)| > tanh(t) exactly where |u| > cut(t)) has its saturation
-# measured (norm_stats.py). Add a norm: one class, one entry in NORMS (README, "Add your own norm").
+# --------------------------------------------------------------------------------------------------
+# The norms, each built as Norm(ndim, bias, eps, alpha0), using what it needs. DyT and Derf replace
+# LayerNorm's and RMSNorm's statistics by a bounded function of each value alone, with ONE learnable
+# alpha per layer; HardTanh, the study's control, is the bound without the slope. A norm with
+# squashed(x), what its bounded f is applied to, and cut(t), where |f(u)| > tanh(t) iff |u| >
+# cut(t), has its saturation measured (norm_stats.py). A new norm: a class, its entry in NORMS.
 
 class LayerNorm(nn.Module):
     def __init__(self, ndim, bias=False, eps=1e-5, alpha0=None):
@@ -110,12 +110,13 @@ def make_norm(config, alpha0=None):
     return NORMS[config.norm](config.n_embd, config.bias, config.norm_eps, alpha0)
 
 
-# ------------------------------------------------------------------------------------------------------------
-# Rotary position embedding, rotate-half layout: the pair (x[i], x[i + d/2]) turns by pos * theta^(-2i/d).
+# --------------------------------------------------------------------------------------------------
+# Rotary position embedding, rotate-half: the pair (x[i], x[i + d/2]) turns by pos theta^(-2i/d)
 
 def rope_angles(block_size, head_dim, theta):
-    """float32 cos and sin tables (block_size, head_dim/2), made in float64 on the CPU (not on MPS)."""
-    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device='cpu') / head_dim)
+    """float32 cos and sin tables (block_size, head_dim/2), made in float64 on the CPU (not MPS)."""
+    half = torch.arange(0, head_dim, 2, dtype=torch.float64, device='cpu')
+    inv_freq = theta ** (-half / head_dim)
     angles = torch.outer(torch.arange(block_size, dtype=torch.float64, device='cpu'), inv_freq)
     return angles.cos().float(), angles.sin().float()
 
@@ -126,12 +127,12 @@ def apply_rope(x, cos, sin):
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head attention (grouped-query with n_kv_head), or Differential Attention with attn='diff'.
+    """Multi-head attention (grouped-query with n_kv_head), or Differential Attention (attn='diff').
 
-    Differential Attention keeps the baseline's projection shapes: Q and K are read as n_head heads of
-    head_dim, paired up (2i, 2i+1), V as n_head/2 heads of 2*head_dim. Diff head i outputs
-    (softmax(q_2i k^T s) - lambda * softmax(q_2i+1 k^T s)) v_i, then a per-head RMSNorm, * (1 - lambda_init).
-    causal=False lets every position attend to every other (the ViT in annex/vit.py).
+    Differential Attention keeps the baseline's projection shapes: Q and K are read as n_head heads
+    of head_dim, paired up (2i, 2i+1), V as n_head/2 heads of 2*head_dim. Diff head i outputs
+    (softmax(q_2i k^T s) - lambda softmax(q_2i+1 k^T s)) v_i, then a per-head RMSNorm, x (1 -
+    lambda_init). causal=False lets every position attend to every other (annex/vit.py's ViT).
     """
 
     def __init__(self, config, layer_idx, causal=True):
@@ -140,7 +141,7 @@ class CausalSelfAttention(nn.Module):
         self.n_head, self.n_kv_head = config.n_head, config.n_kv_head or config.n_head
         self.head_dim = config.n_embd // config.n_head
         self.kv_dim = self.n_kv_head * self.head_dim
-        self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * self.kv_dim, bias=config.bias)  # q, k, v
+        self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * self.kv_dim, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.diff = config.attn == 'diff'
@@ -152,7 +153,7 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, rope=None):
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split([C, self.kv_dim, self.kv_dim], dim=2)
+        q, k, v = self.c_attn(x).split([C, self.kv_dim, self.kv_dim], dim=2)  # n_head, KV, KV heads
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, KV, T, hd)
         if rope is not None:
@@ -161,21 +162,24 @@ class CausalSelfAttention(nn.Module):
         p = self.dropout if self.training else 0.0
         if not self.diff:
             k = k.repeat_interleave(rep, dim=1)
-            v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2).repeat_interleave(rep, dim=1)
+            v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+            v = v.repeat_interleave(rep, dim=1)
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal)
         else:
-            # diff head i reads key pair (2m, 2m+1) and value head m, m = i // rep (as flashdiff does)
+            # diff head i reads key pair (2m, 2m+1) and value head m, m = i // rep (as flashdiff)
             k = k.view(B, self.n_kv_head // 2, 2, T, self.head_dim).repeat_interleave(rep, dim=1)
             k = k.view(B, self.n_head, T, self.head_dim)
             v = v.view(B, T, self.n_kv_head // 2, 2 * self.head_dim).transpose(1, 2)
-            v = v.repeat_interleave(rep, dim=1).repeat_interleave(2, dim=1)  # both maps of head i read v_i
-            # flash kernels want equal q/k/v head sizes: attend to each half of V (the reference's flashdiff).
-            # With dropout each half draws its own mask; the reference has no attention dropout at all.
-            y = torch.cat([F.scaled_dot_product_attention(q, k, vh, dropout_p=p, is_causal=self.causal)
+            v = v.repeat_interleave(rep, dim=1).repeat_interleave(2, dim=1)  # both maps read v_i
+            # flash kernels want equal q/k/v head sizes: each half of V on its own (the reference's
+            # flashdiff). With dropout each half draws its own mask; the reference has no dropout.
+            y = torch.cat([F.scaled_dot_product_attention(q, k, vh, dropout_p=p,
+                                                          is_causal=self.causal)
                            for vh in v.split(self.head_dim, dim=-1)], dim=-1)
             y = y.view(B, self.n_head // 2, 2, T, 2 * self.head_dim)
             lam = (torch.exp(torch.dot(self.lambda_q1.float(), self.lambda_k1.float()))
-                   - torch.exp(torch.dot(self.lambda_q2.float(), self.lambda_k2.float())) + self.lambda_init)
+                   - torch.exp(torch.dot(self.lambda_q2.float(), self.lambda_k2.float()))
+                   + self.lambda_init)
             y = self.subln(y[:, :, 0] - lam.type_as(y) * y[:, :, 1]) * (1 - self.lambda_init)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
@@ -183,7 +187,9 @@ class CausalSelfAttention(nn.Module):
 
 def mlp_hidden(config):
     """4 x n_embd (GELU), or 2/3 of it rounded up to a multiple of 256 (SwiGLU, as Llama)."""
-    return 256 * math.ceil(2 / 3 * 4 * config.n_embd / 256) if config.mlp == 'swiglu' else 4 * config.n_embd
+    if config.mlp == 'swiglu':
+        return 256 * math.ceil(2 / 3 * 4 * config.n_embd / 256)
+    return 4 * config.n_embd
 
 
 class MLP(nn.Module):
@@ -229,23 +235,25 @@ class GPTConfig:
     bias: bool = True
     norm: str = 'layernorm'
     norm_eps: float = 1e-5
-    dyt_alpha: float = 0.5  # alpha0 of DyT and Derf (both papers' default); the study uses 2.0 for DyT
+    dyt_alpha: float = 0.5  # alpha0 of DyT and Derf (both papers' default); the study's DyT: 2.0
     dyt_alpha_attn: float | None = None  # per place (the DyT paper's LLM rule); None = dyt_alpha
     dyt_alpha_ffn: float | None = None
     dyt_alpha_final: float | None = None
-    embed_scale: bool = False  # a learnable scalar on the (token + position) embeddings, init sqrt(n_embd)
-    emb_init_std: float = 0.02  # token and position embeddings (and the tied output layer): GPT-2's 0.02.
-    # Small DyT models collapse with it (docs/collapse.md); 0.3 or 1.0 (PyTorch's) train.
+    embed_scale: bool = False  # a learnable scalar on the embeddings, init sqrt(n_embd)
+    # the embeddings' init (so the tied output layer's): GPT-2's 0.02; small DyT models collapse
+    # with it (docs/collapse.md), 0.3 or 1.0 (PyTorch's) train
+    emb_init_std: float = 0.02
     attn: str = 'standard'
     mlp: str = 'gelu'
     pos: str = 'learned'
     rope_theta: float = 10000.0
 
     def __post_init__(self):
-        for key, allowed in dict(norm=tuple(NORMS), attn=('standard', 'diff'), mlp=('gelu', 'swiglu'),
-                                 pos=('learned', 'rope')).items():
+        for key, allowed in dict(norm=tuple(NORMS), attn=('standard', 'diff'),
+                                 mlp=('gelu', 'swiglu'), pos=('learned', 'rope')).items():
             if getattr(self, key) not in allowed:
-                raise ValueError(f"{key}={getattr(self, key)!r} is not known; choose one of {allowed}")
+                raise ValueError(f"{key}={getattr(self, key)!r} is not known; choose one of "
+                                 f"{allowed}")
         if self.n_kv_head is not None and self.n_kv_head < 1:
             raise ValueError(f"n_kv_head={self.n_kv_head} must be positive, or None for n_head")
         if not 0 <= self.dropout < 1:
@@ -257,14 +265,14 @@ class GPTConfig:
             raise ValueError(f"n_head={self.n_head} must be a multiple of n_kv_head={n_kv_head}")
         if self.attn == 'diff' and (self.n_head % 2 or n_kv_head % 2):
             raise ValueError(f"attn='diff' pairs heads, so n_head ({self.n_head}) and n_kv_head "
-                             f"({n_kv_head}) must be even; use the baseline's count (the model halves it)")
+                             f"({n_kv_head}) must be even; use the baseline's (it halves them)")
         head_size = self.n_embd // self.n_head
         if self.pos == 'rope' and head_size % 2:
             raise ValueError(f"pos='rope' needs an even head size, got n_embd/n_head={head_size}")
 
 
 class GPT(nn.Module):
-    no_decay = ()  # names of >= 2-D parameters kept out of weight decay (a ViT's position embeddings)
+    no_decay = ()  # >= 2-D parameters kept out of weight decay (a ViT's position embeddings)
 
     def __init__(self, config):
         super().__init__()
@@ -277,10 +285,11 @@ class GPT(nn.Module):
         ))
         if config.pos == 'learned':
             self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
-        else:  # not saved: a function of the config (a meta-device model fills them in once materialised)
+        else:  # not saved: a function of the config (a meta-device model fills them in later)
+            device = self.transformer.wte.weight.device
             for name, table in zip(('rope_cos', 'rope_sin'), rope_angles(
                     config.block_size, config.n_embd // config.n_head, config.rope_theta)):
-                self.register_buffer(name, table.to(self.transformer.wte.weight.device), persistent=False)
+                self.register_buffer(name, table.to(device), persistent=False)
         # one element, not a 0-dim scalar: FSDP2 cannot shard a 0-dim parameter
         scale = torch.full((1,), math.sqrt(config.n_embd))
         self.embed_scale = nn.Parameter(scale) if config.embed_scale else None
@@ -292,7 +301,7 @@ class GPT(nn.Module):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     def _init_weights(self, module):
-        """nanoGPT's, embeddings (and lm_head, tied) at emb_init_std; norms and lambdas set where built."""
+        """nanoGPT's; embeddings (so lm_head, tied) at emb_init_std; norms, lambdas where built."""
         if isinstance(module, nn.Linear) and module is not self.lm_head:
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
             if module.bias is not None:
@@ -301,7 +310,7 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=self.config.emb_init_std)
 
     def get_num_params(self, non_embedding=True):
-        """Parameter count, by default without position embeddings (token embeddings count: tied)."""
+        """Parameters, by default without position embeddings (token embeddings count: tied)."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding and self.config.pos == 'learned':
             n -= self.transformer.wpe.weight.numel()
@@ -315,7 +324,8 @@ class GPT(nn.Module):
     def hidden(self, idx):  # the final norm's output (B, T, n_embd): what lm_head reads
         B, T = idx.shape
         if T > self.config.block_size:
-            raise ValueError(f"sequence of length {T} is longer than block_size={self.config.block_size}")
+            raise ValueError(f"sequence of length {T} is longer than block_size="
+                             f"{self.config.block_size}")
         x = self.transformer.wte(idx)  # (B, T, n_embd)
         rope = None
         if self.config.pos == 'learned':
@@ -335,21 +345,24 @@ class GPT(nn.Module):
             return self.lm_head(x if all_logits else x[:, [-1], :]), None
         return self.head_loss(x, targets)
 
-    def head_loss(self, x, targets):  # apart from forward: FSDP compiles it on its own (annex/cluster.py)
+    def head_loss(self, x, targets):  # apart: FSDP compiles it on its own (annex/cluster.py)
         logits = self.lm_head(x)
-        wide = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fsdp_bf16's: an fp32 loss
-        return logits, F.cross_entropy(wide.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        wide = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fsdp_bf16's: fp32 loss
+        loss = F.cross_entropy(wide.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return logits, loss
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        """AdamW, weight decay on >= 2-D weights only (not on norm gains, alphas, lambdas, biases)."""
+        """AdamW, weight decay on >= 2-D weights only (not norm gains, alphas, lambdas, biases)."""
         named = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
         decay = [p.dim() >= 2 and n not in self.no_decay for n, p in named]
-        groups = [{'params': [p for (_, p), d in zip(named, decay) if d], 'weight_decay': weight_decay},
+        groups = [{'params': [p for (_, p), d in zip(named, decay) if d],
+                   'weight_decay': weight_decay},
                   {'params': [p for (_, p), d in zip(named, decay) if not d], 'weight_decay': 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == 'cuda')
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, peak):
-        """Model FLOPs utilization against `peak` (PaLM, appendix B; as nanoGPT, Diff's 2nd map is free)."""
+        """Model FLOPs utilization against `peak` (PaLM, appendix B; as nanoGPT, Diff's 2nd map is
+        not counted)."""
         if not peak:
             return None
         cfg = self.config

@@ -1,7 +1,7 @@
 """
 A run's files besides its checkpoints, all in out_dir: config.json (every key), log.jsonl (a JSON line
-per step logged, eval and event), summary.json (how the run ended; written once it has), and a wandb
-run with wandb_log=True. Read back with read_log (annex/study.py, annex/report.py).
+per step logged, eval and event, and the step's line on the screen), summary.json (how the run ended;
+written once it has), and a wandb run with wandb_log=True. read_log reads a log back.
 """
 import json
 import os
@@ -46,23 +46,25 @@ def prepare_run_dir(out_dir, config, resume_iter=None):
         wandb.init(project=config['wandb_project'], name=config['wandb_run_name'], config=config)
 
 
-def append_log(out_dir, record, wandb_log=False):
-    """A line of out_dir/log.jsonl (and, with wandb_log, a step of the wandb run)."""
-    with open(os.path.join(out_dir, 'log.jsonl'), 'a') as f:
+def log(run, record):
+    """A line of log.jsonl (and a step of the wandb run with wandb_log), by the process that writes."""
+    if not run.writing:
+        return
+    with open(os.path.join(run.cfg.out_dir, 'log.jsonl'), 'a') as f:
         f.write(json.dumps(record) + '\n')
-    if wandb_log:
+    if run.cfg.wandb_log:
         import wandb
         wandb.log(record, step=record['iter'])
 
 
-def write_summary(out_dir, status, state, reason, facts):
-    """summary.json: how a run ended ('finished' or 'diverged', and why), its loop state (LoopState),
-    the last eval's figures; facts. Ends the wandb run."""
-    last, it, diverged = state.last_eval or {}, state.iter_num, status == 'diverged'
+def write_summary(run, state, reason, seen, meta):
+    """summary.json: how the run ended ('finished', or 'diverged' and why), its loop state, its last
+    eval's figures, what it read and its data. Ends the wandb run."""
+    last, it = state.last_eval or {}, state.iter_num
     layers = last.get('norm_layers', {})
-    write_json(os.path.join(out_dir, 'summary.json'), {
-        'status': status, 'final_iter': last.get('iter'), 'final_val_loss': last.get('val_loss'),
-        'final_val_loss_paper': last.get('val_loss_paper'),
+    write_json(os.path.join(run.cfg.out_dir, 'summary.json'), {
+        'status': 'diverged' if reason else 'finished', 'final_iter': last.get('iter'),
+        'final_val_loss': last.get('val_loss'), 'final_val_loss_paper': last.get('val_loss_paper'),
         'final_train_loss': last.get('train_loss'), 'final_val_acc': last.get('val_acc'),
         'final_train_acc': last.get('train_acc'),
         'best_val_loss': state.best_val_loss if state.best_iter is not None else None,
@@ -71,9 +73,33 @@ def write_summary(out_dir, status, state, reason, facts):
         'saturation_layers': {k: v['saturation'] for k, v in layers.items()
                               if v['saturation'] is not None},
         'alphas': {k: v['alpha'] for k, v in layers.items() if v['alpha'] is not None},
-        'iters': it, 'wall_time_s': state.wall_time_s, 'diverged': diverged,
-        'diverged_reason': reason, 'diverged_iter': it if diverged else None,
-        'warnings': last.get('warnings'), **facts})
-    if facts['config'].get('wandb_log'):  # the run has ended (a stopped one's ends with the process)
+        'iters': it, 'wall_time_s': state.wall_time_s, 'diverged': bool(reason),
+        'diverged_reason': reason, 'diverged_iter': it if reason else None,
+        'warnings': last.get('warnings'), **seen, 'n_params': run.raw.get_num_params(),
+        f'budget_{run.data.unit}': run.data.n_train, 'unigram_entropy': run.data.entropy,
+        'config': run.saved['config'], 'layout': meta.get('layout', 'file')})  # the tokenization
+    if run.cfg.wandb_log:  # the run has ended (a stopped one's ends with the process)
         import wandb
         wandb.finish()
+
+
+def log_step(run, it, loss, lr, grad_norm, dt):
+    """A step's record and line: loss, lr, gradient norm, and once timed, throughput and MFU."""
+    rate = mfu = None
+    speed = 'first step (compilation and warm-up: not timed)'
+    if dt:  # MFU of this process's share of the samples
+        rate = run.samples * run.data.per_sample / dt
+        mfu = run.raw.estimate_mfu(sum(count for _, count in run.parts), dt, run.peak_flops)
+        speed = f'{rate:,.0f} {run.data.unit}/s, {1000 * dt:.1f} ms/iter'
+    if mfu is not None:
+        speed += f', mfu {100 * mfu:.1f}%'
+    log(run, {'event': 'step', 'iter': it, 'loss': loss, 'lr': lr, 'grad_norm': grad_norm,
+              **seen(run, it + 1), f'{run.data.unit}_per_sec': rate, 'mfu': mfu,
+              'ms_per_iter': 1000 * dt if dt else None})
+    if run.env.master:
+        print(f'iter {it}: loss {loss:.4f}, lr {lr:.2e}, grad norm {grad_norm:.3f}, {speed}')
+
+
+def seen(run, steps):  # what `steps` steps have read: tokens (or images), and epochs of the budget
+    n = steps * run.samples * run.data.per_sample
+    return {run.data.unit: n, 'epochs': n / run.data.n_train}

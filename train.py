@@ -1,10 +1,8 @@
 """
 Train a GPT variant (model.py) on a tokenized corpus: on a CPU, one GPU, or many with torchrun.
-
   python train.py                   # a tiny byte-level GPT on the offline pydocs corpus: ~1 min, 2 CPUs
   python train.py config/gpt2_64m_dyt.py --train_tokens=1_000_000 --seed=42 --out_dir=out/64m_dyt_1M
   torchrun --standalone --nproc_per_node=8 train.py config/gpt2_64m_dyt.py --init_from=auto
-
 Keys: the globals below, then config files, then --key=value (configurator.py). Writes config.json,
 log.jsonl, ckpt.pt, best.pt, summary.json to out_dir; SIGTERM, SIGUSR1, Ctrl-C stop at the next step,
 ckpt.pt written. Exit status 0 finished, 3 diverged, 4 stopped, 1 error.
@@ -27,10 +25,10 @@ from checkpoint import (LoopState, build_model, clear_stale, has_ended, load_tra
 from configurator import annex, config_keys, configure
 from data.common import derived_seed, micro_batches, open_data
 from distributed import LONG_TIMEOUT, any_failed, check_train_config, set_timeout, setup, world_size
-from evaluate import collapse_warnings, evaluate
-from run_files import append_log, prepare_run_dir, write_summary
+from evaluate import evaluate
+from run_files import log, log_step, prepare_run_dir, seen, write_summary
 
-# ------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # default config: a tiny model on the offline pydocs corpus that learns visibly in a minute on 2 CPUs
 # I/O
 out_dir = 'out'
@@ -105,7 +103,7 @@ fsdp_shard = 0  # HSDP: shard within groups of this many processes (a node's GPU
 fsdp_bf16 = False  # FSDP: bf16 weight gathers, fp32 gradient reduces (torchtitan's)
 launcher: str | None = None  # 'srun': one process per srun task; None = torchrun's, or one
 shard_checkpoints_above = 1e9  # parameters: a bigger multi-process run saves shards (ckpt.dcp/)
-# ------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 DEFAULTS, OPTIONAL_TYPES = config_keys(globals())
 EVAL_SEED = 1337  # the fixed train-split eval windows: analyze.py's (data.common.random_windows)
 EXIT_DIVERGED, EXIT_STOPPED = 3, 4
@@ -144,25 +142,22 @@ def main(argv):
 def train(cfg, env):
     """The run in out_dir, new or resumed: its data, model and optimizer, then the loop."""
     meta, data = open_data(cfg, env, EVAL_SEED)
-    config = vars(cfg).copy()
+    config, resume = vars(cfg).copy(), cfg.init_from == 'resume'
     model_args = data.model_args(config)
     if env.master and not cfg.eval_only:
         clear_stale(cfg.out_dir)  # what an interrupted save left
     if env.ddp:
         dist.barrier()
-    resume = cfg.init_from == 'resume'
     ckpt = read_resume_checkpoint(cfg, model_args, data.n_train, env.master) if resume else None
     state = LoopState.from_checkpoint(ckpt) if ckpt else LoopState()
     if resume and has_ended(cfg, state, env.master):  # its files are left as they are
         return 0
-    parts = micro_batches(samples(cfg), env.world, env.rank, cfg.batch_size)
+    samples = cfg.batch_size * cfg.gradient_accumulation_steps  # a step's, over every process
+    parts = micro_batches(samples, env.world, env.rank, cfg.batch_size)
     memory = annex('memory')  # the memory plan, GPUs' peak FLOP/s (None: the annex is deleted)
-    if env.master:
-        changed = ', '.join(f'{k}={v!r}' for k, v in config.items() if v != DEFAULTS[k])
-        print(f'config (all of it in {cfg.out_dir}/config.json): {changed}')
-        if memory:  # before the model exists: said before it runs out of memory
-            memory.print_plan(model_args, cfg, env, max(count for _, count in parts))
-    raw, model = build(cfg, env, model_args)
+    if env.master and memory:  # before the model exists: said before it runs out of memory
+        memory.print_plan(model_args, cfg, env, max(count for _, count in parts))
+    raw, model = build(cfg, env, model_args)  # the module, and what runs it
     optimizer = raw.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
                                          env.device_type)
     if ckpt:
@@ -176,13 +171,13 @@ def train(cfg, env):
         peak = memory.gpu_peak_flops(env.device, env.ptdtype)
     sampler = dict(seed=cfg.seed, train_tokens=data.n_train, block_size=cfg.block_size,
                    budget_docs=cfg.budget_docs, eval_seed=EVAL_SEED)  # the data order, crops
-    # what the steps share; raw: the module the optimizer, checkpoints and norm statistics see,
-    # model: what runs it (DDP and/or torch.compile)
+    # what the steps share. raw: the module that the optimizer, checkpoints and norm statistics see;
+    # model: what runs it (DDP and/or torch.compile). saved: what every checkpoint holds besides
     run = SimpleNamespace(cfg=cfg, env=env, data=data, raw=raw, model=model, optimizer=optimizer,
-                          parts=parts, sharded=sharded, peak_flops=peak, start_iter=state.iter_num,
-                          writing=env.master and not cfg.eval_only, saved=dict(
-                              model_args=model_args, config=config, sampler=sampler,
-                              tokenizer=meta.get('tokenizer')))  # in every checkpoint
+                          samples=samples, parts=parts, sharded=sharded, peak_flops=peak,
+                          start_iter=state.iter_num, writing=env.master and not cfg.eval_only,
+                          saved=dict(model_args=model_args, config=config, sampler=sampler,
+                                     tokenizer=meta.get('tokenizer')))
     if env.master:
         print_start(run, state, resume)
     problem = None
@@ -193,10 +188,6 @@ def train(cfg, env):
     if any_failed(env, problem):  # said now, not after the first hours of training
         raise SystemExit(f'error: {problem}' if problem else 'error: rank 0 cannot save checkpoints')
     return finish(run, state, *loop(run, state), meta)
-
-
-def samples(cfg):  # a step's sequences (or images), over every process
-    return cfg.batch_size * cfg.gradient_accumulation_steps
 
 
 def build(cfg, env, model_args):
@@ -216,20 +207,21 @@ def build(cfg, env, model_args):
 
 def print_start(run, state, resume):
     cfg, data = run.cfg, run.data
+    changed = ', '.join(f'{k}={v!r}' for k, v in run.saved['config'].items() if v != DEFAULTS[k])
+    print(f'config (all of it in {cfg.out_dir}/config.json): {changed}')
     print(f'model: {run.raw.describe()}')
-    print(f'global batch: {data.describe(samples(cfg))}/step ({run.env.world} process(es) x '
+    print(f'global batch: {data.describe(run.samples)}/step ({run.env.world} process(es) x '
           f'{len(run.parts)} micro-batch(es) of <= {cfg.batch_size}); budget {data.n_train:,} train '
           f'{data.unit} (entropy of the {data.predicted} frequencies {data.entropy:.3f} nats)')
     if resume:
-        print(f'resuming {cfg.out_dir} at iter {state.iter_num} (best val loss '
-              f'{state.best_val_loss:.4f})')
+        print(f'resuming {cfg.out_dir} at iter {state.iter_num} (best val loss {state.best_val_loss:.4f})')
 
 
-# ------------------------------------------------------------------------------------------ the loop
+# ----------------------------------------------------------------------------------------- the loop
 
 def loop(run, state):
-    """Steps from state.iter_num to max_iters, with evals and checkpoints. Returns (why the run
-    diverged, or None; whether a stop signal ended it)."""
+    """Steps from state.iter_num to max_iters, evals and checkpoints between them. Returns (why the
+    run diverged, or None; whether a stop signal ended it)."""
     cfg, env, optimizer = run.cfg, run.env, run.optimizer
     batches = train_batches(run, state.iter_num)
     t0, t_log, steps, timed = time.time() - state.wall_time_s, time.time(), 0, False
@@ -237,7 +229,11 @@ def loop(run, state):
     while True:
         it, saved = state.iter_num, False
         state.wall_time_s = time.time() - t0
-        if eval_due(cfg, it, run.start_iter):
+        every = cfg.eval_interval
+        if it < cfg.warmup_iters and cfg.eval_interval_warmup:
+            every = cfg.eval_interval_warmup
+        resumed_here = it == run.start_iter and cfg.init_from == 'resume'  # its eval is in the log
+        if cfg.eval_only or ((it % every == 0 or it >= cfg.max_iters) and not resumed_here):
             reason, saved = eval_and_save(run, state)
             if reason or cfg.eval_only:
                 break
@@ -273,11 +269,11 @@ def loop(run, state):
 
 
 def train_batches(run, step):
-    """This process's micro-batches from step `step` on, each handed out once the next is on its way
-    to the device (nanoGPT's prefetch). A step's windows come from (seed, step) alone."""
+    """This process's micro-batches from step `step` on, each handed out once the next one is on its
+    way to the device (nanoGPT's prefetch). A step's windows come from (seed, step) alone."""
     ahead = None
     while True:
-        windows = run.data.draw(run.cfg.seed, step, samples(run.cfg))
+        windows = run.data.draw(run.cfg.seed, step, run.samples)
         for first, count in run.parts:
             batch = run.data.batch('train', windows[first:first + count], run.env.device)
             if ahead is not None:
@@ -289,7 +285,7 @@ def train_batches(run, step):
 def train_step(run, batches):
     """This process's micro-batches forward and backward, the gradients clipped, and the step's one
     all-reduce. Returns (mean loss, gradient norm, whether a stop signal reached any process)."""
-    env, parts = run.env, run.parts
+    env, parts, n = run.env, run.parts, run.samples
     loss_sum = torch.zeros((), device=env.device)
     for k, (_, count) in enumerate(parts):
         last = k == len(parts) - 1  # gradients are reduced across processes in this backward only
@@ -299,9 +295,8 @@ def train_step(run, batches):
             getattr(run.model, '_orig_mod', run.model).require_backward_grad_sync = last
         with env.ctx:
             _, loss = run.model(*next(batches))
-        # each micro-batch weighs its share of the step: the average over processes is the mean
-        (loss * (count * env.world / samples(run.cfg))).backward()
-        loss_sum += loss.detach().float() * (count / samples(run.cfg))
+        (loss * (count * env.world / n)).backward()  # the mean over processes is the step's mean
+        loss_sum += loss.detach().float() * (count / n)
     grad_norm = torch.nn.utils.clip_grad_norm_(run.raw.parameters(), run.cfg.grad_clip or math.inf)
     if hasattr(grad_norm, 'full_tensor'):  # FSDP: a DTensor
         grad_norm = grad_norm.full_tensor()
@@ -316,8 +311,8 @@ def train_step(run, batches):
 
 
 def divergence(cfg, state, loss, grad_norm):
-    """Why the run must stop at this step (a non-finite loss or gradient norm, a loss spike), or None;
-    then the smoothed loss takes the step's in."""
+    """Why the run must stop at this step (a non-finite loss or gradient norm, a loss spike), or
+    None; then the smoothed loss takes the step's in."""
     it, best = state.iter_num, state.best_loss_ema
     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
         return f'non-finite loss ({loss}) or gradient norm ({grad_norm}) at iter {it}'
@@ -329,67 +324,20 @@ def divergence(cfg, state, loss, grad_norm):
     return None
 
 
-def log_step(run, it, loss, lr, grad_norm, dt):
-    """A step's record and line: loss, lr, gradient norm, and once timed, throughput and MFU."""
-    rate = mfu = None
-    speed = 'first step (compilation and warm-up: not timed)'
-    if dt:  # MFU of this process's share of the samples
-        rate = samples(run.cfg) * run.data.per_sample / dt
-        mfu = run.raw.estimate_mfu(sum(count for _, count in run.parts), dt, run.peak_flops)
-        speed = f'{rate:,.0f} {run.data.unit}/s, {1000 * dt:.1f} ms/iter'
-    if mfu is not None:
-        speed += f', mfu {100 * mfu:.1f}%'
-    log(run, {'event': 'step', 'iter': it, 'loss': loss, 'lr': lr, 'grad_norm': grad_norm,
-              **seen(run, it + 1), f'{run.data.unit}_per_sec': rate, 'mfu': mfu,
-              'ms_per_iter': 1000 * dt if dt else None})
-    if run.env.master:
-        print(f'iter {it}: loss {loss:.4f}, lr {lr:.2e}, grad norm {grad_norm:.3f}, {speed}')
-
-
-def log(run, record):  # a line of log.jsonl (and a wandb step)
-    if run.writing:
-        append_log(run.cfg.out_dir, record, run.cfg.wandb_log)
-
-
-def seen(run, steps):  # what `steps` steps have read: tokens (or images), and epochs of the budget
-    n = steps * samples(run.cfg) * run.data.per_sample
-    return {run.data.unit: n, 'epochs': n / run.data.n_train}
-
-
 # ----------------------------------------------------------------------- evaluation, checkpoints, end
-
-def eval_due(cfg, it, start_iter):
-    """Every eval_interval steps (eval_interval_warmup in warmup) and at the end; not where a resumed
-    run starts (that eval is in its log)."""
-    if cfg.eval_only:
-        return True
-    if it == start_iter and cfg.init_from == 'resume':
-        return False
-    every = cfg.eval_interval
-    if it < cfg.warmup_iters and cfg.eval_interval_warmup:
-        every = cfg.eval_interval_warmup
-    return it % every == 0 or it >= cfg.max_iters
-
 
 def eval_and_save(run, state):
     """The eval before step state.iter_num, the best kept, then the checkpoint (not at step 0: the
     seed rebuilds it). Returns (why the run must stop, or None; whether it saved)."""
     cfg, it = run.cfg, state.iter_num
-    result, stats = evaluate(run.model, run.raw, run.data, cfg, run.env, it)
-    (train_loss, train_acc), (val_loss, val_acc) = result['train'], result['val']
-    layers = {name: {k: s[k] for k in ('kind', 'alpha', 'input_std', 'saturation')}
-              for name, s in stats['layers'].items()}
-    ev = {'event': 'eval', 'iter': it, 'train_loss': train_loss, 'val_loss': val_loss,
-          'val_loss_paper': result.get('val_paper', [None])[0], 'train_acc': train_acc,
-          'val_acc': val_acc, 'lr': get_lr(it, cfg), **seen(run, it),
-          'saturation': stats['saturation'], 'thresholds': stats['thresholds'],
-          'norm_layers': layers, 'warnings': collapse_warnings(cfg, run.data, it, train_loss, layers)}
+    ev = evaluate(run, it)
     if not (math.isfinite(ev['train_loss']) and math.isfinite(ev['val_loss'])):
         return f"non-finite eval loss at iter {it} (train {ev['train_loss']}, val {ev['val_loss']})", False
     improved = ev['val_loss'] < state.best_val_loss
     if improved:
         state.best_val_loss, state.best_iter = ev['val_loss'], it
-    state.last_eval = dict(ev, best_val_loss=state.best_val_loss, best_iter=state.best_iter)
+    state.last_eval = dict(ev, lr=get_lr(it, cfg), **seen(run, it), best_val_loss=state.best_val_loss,
+                           best_iter=state.best_iter)
     log(run, state.last_eval)
     if run.env.master:
         sat = ''
@@ -397,9 +345,8 @@ def eval_and_save(run, state):
             sat = f", saturation@2.0 {ev['saturation'][norm_stats.AT_2]:.3f}"
         print(f"step {it}: train loss {ev['train_loss']:.4f}, val loss {ev['val_loss']:.4f} (best "
               f"{state.best_val_loss:.4f} @ {state.best_iter}), val acc {ev['val_acc']:.2%}, epochs "
-              f"{ev['epochs']:.2f}{sat}", *(f'  warning: {w}' for w in ev['warnings']), sep='\n')
-    if cfg.eval_only or not (((cfg.always_save_checkpoint or improved) and it > 0)
-                             or it >= cfg.max_iters):
+              f"{state.last_eval['epochs']:.2f}{sat}", *(f'  warning: {w}' for w in ev['warnings']), sep='\n')
+    if cfg.eval_only or not (((cfg.always_save_checkpoint or improved) and it > 0) or it >= cfg.max_iters):
         return None, False
     save(run, state, best=improved)
     return None, True
@@ -429,16 +376,14 @@ def finish(run, state, reason, stop, meta):
         if env.master:
             print(f'DIVERGED: {reason}. Stopped; the checkpoints in {cfg.out_dir} are the last good '
                   'ones.', file=sys.stderr)
-    if not run.writing:
-        return EXIT_DIVERGED if reason else 0
-    write_summary(cfg.out_dir, 'diverged' if reason else 'finished', state, reason, {
-        **seen(run, it), 'n_params': run.raw.get_num_params(),
-        f'budget_{run.data.unit}': run.data.n_train, 'unigram_entropy': run.data.entropy,
-        'config': run.saved['config'], 'layout': meta.get('layout', 'file')})  # the tokenization
+    if run.writing:
+        write_summary(run, state, reason, seen(run, it), meta)
     if reason:
         return EXIT_DIVERGED
-    print(f"done: {cfg.out_dir} at iter {it}, final val loss {state.last_eval['val_loss']:.4f}, "
-          f'best {state.best_val_loss:.4f} @ {state.best_iter}. Next: {run.data.next_steps(cfg.out_dir)}')
+    if run.writing:
+        print(f"done: {cfg.out_dir} at iter {it}, final val loss {state.last_eval['val_loss']:.4f}, "
+              f'best {state.best_val_loss:.4f} @ {state.best_iter}. Next: '
+              + run.data.next_steps(cfg.out_dir))
     return 0
 
 

@@ -1,7 +1,7 @@
 """
 The data as every script reads it: two tokenizers, token files (data/<dataset>/{train,val,test}.bin,
-uint16 or uint32, + meta.json), the windows train.py trains on, files written atomically. The prepare
-scripts' own tools are in data/prepare_tools.py; the study's document budgets in annex/protocol.py.
+uint16 or uint32, and meta.json), the windows train.py trains on, files written atomically. The
+prepare scripts' tools are in data/prepare_tools.py, the study's document budgets in annex/protocol.py.
 """
 import hashlib
 import json
@@ -15,20 +15,20 @@ from configurator import annex
 from model import GPTConfig
 
 DATA_DIR = os.path.dirname(os.path.abspath(__file__))
-TIKTOKEN_ENV = "NANONORM_TIKTOKEN_FILE"  # path to a GPT-2 .tiktoken ranks file, for machines without internet
+TIKTOKEN_ENV = "NANONORM_TIKTOKEN_FILE"  # a GPT-2 .tiktoken ranks file, for machines without internet
+EOT = {"byte": 256, "gpt2": 50256}  # each tokenizer's end-of-text id
+FOLDER_FORMAT = ('a data folder holds train.bin and val.bin (token ids as raw uint16, or uint32 with '
+                 '"dtype": "uint32") and meta.json {"tokenizer": "byte" or "gpt2", "vocab_size": '
+                 'int}, optionally "dtype" and the counts "train_tokens", "val_tokens" (docs/data.md)')
+WRITTEN_AS = {1: "uint8", 2: "uint16", 4: "uint32", 8: "int64 (numpy's default)"}  # by bytes per id
 
 
-class DataError(RuntimeError):
-    """A data problem the user can fix; the message says what is wrong and what to do."""
-
-
-# ----------------------------------------------------------------------------- tokenizers
-
-EOT = {"byte": 256, "gpt2": 50256}  # each tokenizer's end-of-text id, for a meta.json without "eot"
+class DataError(RuntimeError):  # a data problem the user can fix: the message says what to do
+    pass
 
 
 class Tokenizer:
-    """GPT-2 BPE ('gpt2', tiktoken's encode_ordinary) or UTF-8 bytes ('byte': ids 0..255, end-of-text 256)."""
+    """GPT-2 BPE ('gpt2', tiktoken's encode_ordinary) or UTF-8 bytes ('byte': 0..255, end-of-text 256)."""
 
     def __init__(self, name, enc=None):
         self.name, self.enc = name, enc
@@ -48,13 +48,13 @@ class Tokenizer:
                 run = bytearray()
             elif 0 <= i < 256:
                 run.append(i)
-            else:  # an id past the vocabulary (a padded embedding table can sample one)
+            else:  # past the vocabulary: a padded embedding table can sample one
                 run += "\ufffd".encode()
         return "".join(out) + run.decode("utf-8", errors="replace")
 
 
 def get_tokenizer(name, tiktoken_file=None):
-    """Tokenizer 'gpt2' or 'byte'; offline, GPT-2 reads tiktoken_file (or $NANONORM_TIKTOKEN_FILE)."""
+    """Offline, GPT-2's reads tiktoken_file (or $NANONORM_TIKTOKEN_FILE)."""
     if name == "byte":
         return Tokenizer("byte")
     if name != "gpt2":
@@ -63,59 +63,46 @@ def get_tokenizer(name, tiktoken_file=None):
     return Tokenizer("gpt2", gpt2_encoding(tiktoken_file or os.environ.get(TIKTOKEN_ENV) or None))
 
 
-# ----------------------------------------------------------------------------- token files and meta.json
-
-FOLDER_FORMAT = ("a data folder holds train.bin and val.bin (token ids as raw uint16, or uint32 with "
-                 '"dtype": "uint32") and meta.json {"tokenizer": "byte" or "gpt2", "vocab_size": int}, '
-                 'optionally "dtype" and the counts "train_tokens", "val_tokens" (docs/data.md)')
-TOKEN_DTYPES = ("uint16", "uint32")  # meta.json's "dtype", uint16 when absent
-WRITTEN_AS = {1: "uint8", 2: "uint16", 4: "uint32", 8: "int64 (numpy's default)"}  # by bytes per id
-
-
-def how_to_prepare(dataset, data_dir):  # for a data folder that is missing or incomplete
-    return FOLDER_FORMAT if data_dir else f"Prepare it with: python data/{dataset}/prepare.py"
-
+# ---------------------------------------------------------------------------- token files, meta.json
 
 def load_split(dataset, split, data_dir=None):
-    """A split ('train', 'val', 'test') of data_dir (default data/<dataset>/) as a read-only memmap."""
+    """A split ('train', 'val', 'test') of data_dir (or data/<dataset>/), as a read-only memmap."""
     folder = data_dir or os.path.join(DATA_DIR, dataset)
-    path = os.path.join(folder, f"{split}.bin")
+    path, rebuild = os.path.join(folder, f"{split}.bin"), f"python data/{dataset}/prepare.py --force=True"
     if not os.path.exists(os.path.join(folder, "meta.json")):
         raise DataError(f"dataset {dataset!r} is not prepared ({folder}/meta.json is missing). "
                         + how_to_prepare(dataset, data_dir))
     if not os.path.exists(path):
         have = sorted(f[:-4] for f in os.listdir(folder) if f.endswith(".bin"))
         raise DataError(f"dataset {dataset!r} has no {split!r} split ({path} missing); it has {have}. "
-                        f"If a file was deleted, rebuild with: python data/{dataset}/prepare.py --force=True")
+                        f"If a file was deleted, rebuild with: {rebuild}")
     if os.path.getsize(path) == 0:
-        raise DataError(f"{path} is empty; rebuild with: python data/{dataset}/prepare.py --force=True")
+        raise DataError(f"{path} is empty; rebuild with: {rebuild}")
     meta = load_meta(dataset, data_dir)
     dtype, count = np.dtype(meta.get("dtype", "uint16")), meta.get(f"{split}_tokens")
     if count is not None and (type(count) is not int or count < 1):
-        raise DataError(f"{folder}/meta.json: '{split}_tokens' must be the number of tokens in {split}.bin "
-                        f"(a positive int), got {count!r}; " + FOLDER_FORMAT)
-    problem = size_problem(os.path.getsize(path), dtype, count, split)
-    if problem:
-        raise DataError(f"{path} {problem}")
+        raise DataError(f"{folder}/meta.json: '{split}_tokens' must be the number of tokens in "
+                        f"{split}.bin (a positive int), got {count!r}; {FOLDER_FORMAT}")
+    size = os.path.getsize(path)
+    n = size / dtype.itemsize
+    if n != int(n) and count is None:
+        raise DataError(f"{path} has {size:,} bytes, not a whole number of {dtype} ids: truncated, or not "
+                        f"{dtype}?")
+    if count is not None and n != count:  # a wrong dtype would read garbage silently
+        why = "truncated, or meta.json's count is another file's? Write both again"
+        if size / count in WRITTEN_AS:
+            why = (f"written as {WRITTEN_AS[size / count]}? meta.json's \"dtype\" must say how the ids "
+                   "are stored: uint16 or uint32")
+        raise DataError(f"{path} holds {n:g} {dtype} ids but meta.json says {split}_tokens={count:,}: {why}")
     return np.memmap(path, dtype=dtype, mode="r")
 
 
-def size_problem(size, dtype, count, split):
-    """What is wrong with a token file of `size` bytes of `dtype` ids that meta.json counts `count` (None: not
-    recorded); None when nothing is. A wrong dtype would otherwise read garbage silently."""
-    n = size / dtype.itemsize
-    if n == int(n) and count in (None, n):
-        return None
-    if count is None:
-        return f"has {size:,} bytes, not a whole number of {dtype} ids: truncated, or not {dtype}?"
-    fits = WRITTEN_AS.get(size / count)  # the id type whose size matches the count
-    return (f"holds {n:g} {dtype} ids but meta.json says {split}_tokens={count:,}: "
-            + (f"written as {fits}? meta.json's \"dtype\" must say how the ids are stored: uint16 or uint32"
-               if fits else "truncated, or meta.json's count is another file's? Write both again"))
+def how_to_prepare(dataset, data_dir):  # for a data folder that is missing or incomplete
+    return FOLDER_FORMAT if data_dir else f"Prepare it with: python data/{dataset}/prepare.py"
 
 
 def load_meta(dataset, data_dir=None):
-    """meta.json of a dataset, with its kind: "tokens" (tokenizer, vocab_size, dtype checked) or "images"."""
+    """meta.json, with its kind: "tokens" (its fields checked) or "images" (CIFAR-10's)."""
     path = os.path.join(data_dir or os.path.join(DATA_DIR, dataset), "meta.json")
     if not os.path.exists(path):
         raise DataError(f"{path} not found. " + how_to_prepare(dataset, data_dir))
@@ -123,39 +110,40 @@ def load_meta(dataset, data_dir=None):
         with open(path) as f:
             meta = json.load(f)
     except ValueError as e:
-        raise DataError(f"{path} is not valid JSON ({e}). " + (FOLDER_FORMAT if data_dir else
-                        f"Rebuild with: python data/{dataset}/prepare.py --force=True")) from e
+        how = FOLDER_FORMAT if data_dir else f"Rebuild with: python data/{dataset}/prepare.py --force=True"
+        raise DataError(f"{path} is not valid JSON ({e}). {how}") from e
     if not isinstance(meta, dict):
         raise DataError(f"{path} must hold a JSON object; {FOLDER_FORMAT}")
     meta["kind"] = meta.get("kind") or ("images" if "train_images" in meta else "tokens")
-    if meta["kind"] == "images":  # CIFAR-10's folder (data/cifar10/prepare.py)
+    if meta["kind"] == "images":
         return meta
+    vocab = meta.get("vocab_size")
+    wrong = None
     if meta.get("tokenizer") not in ("byte", "gpt2"):
-        raise DataError(f"{path}: 'tokenizer' must be \"byte\" or \"gpt2\", got {meta.get('tokenizer')!r}; "
-                        + FOLDER_FORMAT)
-    if type(meta.get("vocab_size")) is not int or meta["vocab_size"] < 1:
-        raise DataError(f"{path}: 'vocab_size' must be a positive int, got {meta.get('vocab_size')!r}; "
-                        + FOLDER_FORMAT)
-    if "eot" in meta and not (type(meta["eot"]) is int and 0 <= meta["eot"] < meta["vocab_size"]):
-        raise DataError(f"{path}: 'eot' must be the end-of-text id that ends each document (an int below "
-                        f"vocab_size), got {meta['eot']!r}; " + FOLDER_FORMAT)
-    if meta.get("dtype", "uint16") not in TOKEN_DTYPES:
-        raise DataError(f"{path}: 'dtype' must be \"uint16\" or \"uint32\" (the token files' id type), got "
-                        f"{meta['dtype']!r}; " + FOLDER_FORMAT)
+        wrong = f"""'tokenizer' must be "byte" or "gpt2", got {meta.get('tokenizer')!r}"""
+    elif type(vocab) is not int or vocab < 1:
+        wrong = f"'vocab_size' must be a positive int, got {vocab!r}"
+    elif "eot" in meta and not (type(meta["eot"]) is int and 0 <= meta["eot"] < vocab):
+        wrong = ("'eot' must be the end-of-text id that ends each document (an int below vocab_size), "
+                 f"got {meta['eot']!r}")
+    elif meta.get("dtype", "uint16") not in ("uint16", "uint32"):
+        wrong = f"""'dtype' must be "uint16" or "uint32" (the ids' type), got {meta['dtype']!r}"""
+    if wrong:
+        raise DataError(f"{path}: {wrong}; {FOLDER_FORMAT}")
     return meta
 
 
 def random_windows(n_tokens, count, length, seed=1337):
-    """Start offsets of `count` windows of `length` tokens inside the first n_tokens, from a fixed seed:
-    train.py and analyze.py draw them alike (the first k do not depend on count), so both measure the same."""
+    """The starts of `count` windows of `length` tokens in n_tokens, from a fixed seed: train.py and
+    analyze.py draw them alike (the first k do not depend on count)."""
     if n_tokens < length:
-        raise DataError(f"{n_tokens:,} tokens are too few for windows of {length} tokens; use a smaller "
-                        "block_size")
+        raise DataError(f"{n_tokens:,} tokens are too few for windows of {length} tokens; use a "
+                        "smaller block_size")
     return np.random.default_rng(seed).integers(0, n_tokens - length + 1, size=count)
 
 
 def token_counts(tokens, minlength=0, chunk=1 << 24):
-    """How often each token id occurs, counted in chunks: a 118M-token budget needs no big copy."""
+    """How often each id occurs, counted in chunks: a 118M-token budget needs no big copy."""
     counts = np.zeros(minlength, dtype=np.int64)
     for k in range(0, len(tokens), chunk):
         c = np.bincount(np.asarray(tokens[k:k + chunk]))
@@ -165,36 +153,32 @@ def token_counts(tokens, minlength=0, chunk=1 << 24):
 
 
 def max_id(tokens, chunk=1 << 24):
-    """The largest token id, read in chunks: a 118M-token split needs no big copy."""
     return max(int(tokens[k:k + chunk].max()) for k in range(0, len(tokens), chunk))
 
 
-def entropy_of(counts):
-    """Entropy in nats of token frequencies (counts): the loss of a model that predicts only those (a
-    collapsed one)."""
+def entropy_of(counts):  # in nats: the loss of a model that predicts only these frequencies (collapsed)
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())
 
 
-# ----------------------------------------------------------------------------- what train.py trains on
+# ---------------------------------------------------------------------------- what train.py trains on
 
 def data_budget(train, train_tokens, budget_docs=None, meta=None):
-    """The data budget: the train split's first train_tokens (a memmap slice, no copy; all of it for
-    None), or with budget_docs a seeded random subset of whole documents (annex/protocol.py)."""
+    """The train split's first train_tokens (all for None), or with budget_docs a seeded subset of
+    whole documents (annex/protocol.py)."""
     if budget_docs is None:
         return train[:train_tokens]
     protocol = annex('protocol', 'budget_docs')
     return protocol.budget_tokens(train, train_tokens, budget_docs, protocol.eot_id(meta))
 
 
-def derived_seed(*parts):
-    """A seed determined by all its parts (run seed, purpose, step...): independent reproducible streams."""
+def derived_seed(*parts):  # from all its parts (seed, purpose, step...): independent, reproducible
     return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), 'little') >> 1
 
 
 def micro_batches(n, world, rank, batch_size):
-    """This process's share of n samples as (first, count) micro-batches of <= batch_size. Shares differ by
-    one sample at most and every process runs as many micro-batches (FSDP's collectives need that)."""
+    """This process's share of n samples as (first, count) micro-batches of <= batch_size. Shares
+    differ by one sample at most; every process runs as many micro-batches (FSDP needs that)."""
     lo, hi = rank * n // world, (rank + 1) * n // world
     count = -(-(-(-n // world)) // batch_size)  # ceil(ceil(n / world) / batch_size)
     bounds = [lo + (hi - lo) * k // count for k in range(count + 1)]
@@ -203,18 +187,17 @@ def micro_batches(n, world, rank, batch_size):
 
 class TokenData:
     """Windows of block_size tokens of the budget, next tokens as targets. A step's windows depend on
-    (seed, step) alone, so resumed and multi-process runs see the single-process batches. Fixed eval
-    windows: on train, analyze.py's; on val, spread evenly. With `paper_val` (the study's val slice),
-    'val_paper' windows too, redrawn at every eval from (seed, step)."""
+    (seed, step) alone: resumed and multi-process runs see the single-process batches. Fixed eval
+    windows: analyze.py's on train, spread evenly on val; with paper_val, 'val_paper' redrawn."""
     unit, predicted = 'tokens', 'token'
 
     def __init__(self, train, val, block_size, eval_count, eval_seed, paper_val=None):
         self.train, self.val, self.val_paper, self.block_size = train, val, paper_val, block_size
         self.n_train, self.per_sample = len(train), block_size
-        counts = token_counts(train)  # one pass over the budget: its largest id, and its entropy
-        self.top_id, self.entropy = len(counts) - 1, entropy_of(counts)  # a collapsed model's loss
-        train_ids = random_windows(len(train), eval_count, block_size + 1, eval_seed)
-        self.eval_ids = {'train': torch.from_numpy(train_ids),
+        counts = token_counts(train)  # one pass: the budget's largest id, and a collapsed model's loss
+        self.top_id, self.entropy = len(counts) - 1, entropy_of(counts)
+        self.eval_ids = {'train': torch.from_numpy(random_windows(len(train), eval_count,
+                                                                  block_size + 1, eval_seed)),
                          'val': torch.linspace(0, len(val) - block_size - 1, eval_count).long()}
 
     def model_args(self, config):  # a GPT's, from train.py's config
@@ -227,16 +210,14 @@ class TokenData:
         return f'python sample.py --out_dir={out_dir}; python analyze.py all {out_dir}'
 
     def draw(self, seed, step, count, split='train'):
-        """Start offsets of the `count` windows of step `step`; a window and its targets end in the
-        split."""
+        """Where the `count` windows of step `step` start; a window and its targets end in the split."""
         g = torch.Generator().manual_seed(derived_seed(seed, split, step))
         return torch.randint(len(getattr(self, split)) - self.block_size, (count,), generator=g)
 
     def batch(self, split, starts, device):
         data, T = getattr(self, split), self.block_size
         x = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in starts.tolist()])
-        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64))
-                         for i in starts.tolist()])
+        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64)) for i in starts.tolist()])
         return to_device(x, device), to_device(y, device)
 
 
@@ -247,8 +228,8 @@ def to_device(t, device):
 
 
 def open_data(cfg, env, eval_seed):
-    """train.py's (meta.json, TokenData or annex/vit.py's ImageData), checked; cfg.vocab_size filled
-    in. The default corpus, pydocs, is built on first use."""
+    """train.py's (meta.json, TokenData or annex/vit.py's ImageData), checked, cfg.vocab_size filled
+    in; the default corpus, pydocs, built on first use."""
     try:
         if cfg.dataset == 'pydocs' and cfg.data_dir is None and not os.path.exists(
                 os.path.join(DATA_DIR, 'pydocs', 'meta.json')):
@@ -267,42 +248,39 @@ def open_data(cfg, env, eval_seed):
     if cfg.vocab_size is None:
         cfg.vocab_size = -(-meta['vocab_size'] // 64) * 64
     elif cfg.vocab_size < meta['vocab_size']:
-        raise SystemExit(f"error: vocab_size={cfg.vocab_size} is smaller than the dataset's "
-                         f"vocabulary ({meta['vocab_size']} in meta.json); use vocab_size=None "
-                         "(padded automatically)")
+        raise SystemExit(f"error: vocab_size={cfg.vocab_size} is smaller than the dataset's vocabulary "
+                         f"({meta['vocab_size']} in meta.json); use vocab_size=None (padded to 64)")
     return meta, data
 
 
 def open_tokens(cfg, meta, eval_count, eval_seed):
     """TokenData of the budget, its sizes and ids checked against block_size and the vocabulary."""
     train, val = (load_split(cfg.dataset, s, data_dir=cfg.data_dir) for s in ('train', 'val'))
-    n_train = len(train) if cfg.train_tokens is None else cfg.train_tokens
     paper = None
     if cfg.paper_val:
         paper = val[:annex('protocol', 'paper_val').paper_val_tokens(cfg.train_tokens, len(val))]
     val = val[:cfg.val_tokens]
+    n_train = len(train) if cfg.train_tokens is None else cfg.train_tokens
     if not cfg.block_size < n_train <= len(train):
         raise DataError(f'train_tokens={cfg.train_tokens} must be between block_size+1 '
-                        f'({cfg.block_size + 1}) and the size of the train split ({len(train):,} '
-                        'tokens)')
+                        f'({cfg.block_size + 1}) and the size of the train split ({len(train):,} tokens)')
     if len(val) <= cfg.block_size:
-        raise DataError(f'the val split ({len(val):,} tokens, val_tokens={cfg.val_tokens}) is '
-                        f'shorter than block_size+1 ({cfg.block_size + 1})')
-    train = data_budget(train, cfg.train_tokens, cfg.budget_docs, meta)
-    data = TokenData(train, val, cfg.block_size, eval_count, eval_seed, paper)
-    for split, top in (('train', data.top_id), ('val', max_id(val))):  # past the vocabulary: garbage
-        if top >= meta['vocab_size']:
-            raise DataError(f"the {split} split (as trained on) holds token id {top:,}, but "
-                            f"meta.json's vocab_size is {meta['vocab_size']:,}: ids must be below "
-                            'it. Fix vocab_size, or the token files (another tokenizer? the wrong '
-                            '"dtype"?)')
+        raise DataError(f'the val split ({len(val):,} tokens, val_tokens={cfg.val_tokens}) is shorter '
+                        f'than block_size+1 ({cfg.block_size + 1})')
+    data = TokenData(data_budget(train, cfg.train_tokens, cfg.budget_docs, meta), val,
+                     cfg.block_size, eval_count, eval_seed, paper)
+    for split, top in (('train', data.top_id), ('val', max_id(val))):
+        if top >= meta['vocab_size']:  # ids past the vocabulary: garbage
+            raise DataError(f"the {split} split (as trained on) holds token id {top:,}, but meta.json's "
+                            f"vocab_size is {meta['vocab_size']:,}: ids must be below it. Fix "
+                            'vocab_size, or the token files (another tokenizer? the wrong "dtype"?)')
     return data
 
 
-# ----------------------------------------------------------------------------- files
+# ---------------------------------------------------------------------------- files
 
 def atomic_write(path, write):
-    """write(f) into a temporary file, fsync, rename it to `path`: a crash leaves the old file or the new."""
+    """write(f) to a temporary file, fsync, rename it to `path`: a crash leaves the old file or the new."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "wb") as f:

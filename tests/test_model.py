@@ -649,7 +649,7 @@ def test_load_checkpoint(tmp_path):
     best = tmp_path / 'best.pt'
     torch.save({'model': model.state_dict(), 'model_args': asdict(cfg), 'iter_num': 3}, best)
     assert load_checkpoint(tmp_path, which='best')[1]['iter_num'] == 3
-    with pytest.raises(ValueError, match="'latest' .* or 'best'"):
+    with pytest.raises(ValueError, match='is not a checkpoint choice; use latest .* or best'):
         load_checkpoint(tmp_path, which='ckpt')
 
     with pytest.raises(FileNotFoundError):

@@ -403,7 +403,7 @@ def test_ckpt_choice(tmp_path, offline):
     os.remove(tmp_path / "best.pt")
     with pytest.raises(SystemExit, match=r"no checkpoint at .*best\.pt"):
         run(str(tmp_path), "--ckpt=best")
-    with pytest.raises(SystemExit, match="'last' is not a checkpoint choice"):
+    with pytest.raises(SystemExit, match='--ckpt=last is not a checkpoint choice'):
         ev.main([str(tmp_path), "--ckpt=last"])
 
 
