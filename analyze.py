@@ -1,19 +1,21 @@
 """
-Measure what the study's explanation rests on (Verma 2026; docs/analysis.md), checkpoints side by side:
-  saturation  the fraction of |f| > tanh(t), f = tanh(alpha x) or erf(alpha x + s) (DyT: |alpha x| > t),
-              t = 0.5..3.0, per point-wise norm layer and pooled, on the first of train.py's train eval
-              windows; every norm layer's input std
-  spectra     HTSR of every 2-D weight: the power-law alpha of the eigenvalues of W^T W (Clauset's fit,
-              as WeightWatcher's), xmin, KS distance D, tail size, lambda_max, alpha_weighted, stable rank
-  rank        effective rank (Roy & Vetterli) of each block's output (B*T, D), not centred, and of weights
-  alpha       the learned DyT/Derf alpha against 1/std of the layer's input; their Pearson correlation
+Measure what the study's explanation rests on (Verma 2026; docs/analysis.md), side by side:
+  saturation  the fraction of |f| > tanh(t), f = tanh(alpha x) or erf(alpha x + s) (DyT: |alpha x|
+              > t), t = 0.5..3.0, per point-wise norm layer and pooled, on the first of train.py's
+              train eval windows; every norm layer's input std
+  spectra     HTSR of every 2-D weight: the power-law alpha of the eigenvalues of W^T W (Clauset's
+              fit, as WeightWatcher's), xmin, KS distance D, tail size, lambda_max, alpha_weighted,
+              stable rank
+  rank        effective rank (Roy & Vetterli) of each block's output (B*T, D), not centred, and of
+              each weight
+  alpha       the learned DyT/Derf alpha against 1/std of the layer's input; their Pearson r
   all         everything, with one forward pass and one eigendecomposition per matrix
 
   python analyze.py saturation out-dyt                     # a directory means its ckpt.pt
   python analyze.py all out-ln out-dyt --ckpt=best --json=cmp.json --plot=figs
 
-Options (--help): ckpt (latest|best), train_tokens (-1 = the model's budget, 0 = all), block_size (0 =
-the model's), max_n (skip weights with a longer side), json=FILE (docs/analysis.md), plot=DIR.
+Options (--help): ckpt (latest|best), train_tokens (-1 = the model's budget, 0 = all), block_size
+(0 = the model's), max_n (skip weights with a longer side), json=FILE (docs/analysis.md), plot=DIR.
 """
 import difflib
 import math
@@ -42,10 +44,11 @@ EVALS_THRESH = 1e-5  # as WeightWatcher: eigenvalues at or below this count as z
 # ------------------------------------------------------------------------------ the math
 
 def fit_powerlaw(evals):
-    """Continuous power-law fit of an ESD's tail (Clauset, Shalizi & Newman 2009), as WeightWatcher's
-    default fit: every eigenvalue but the largest is a candidate xmin; alpha = 1 + n / sum ln(l_i /
-    xmin) over the n eigenvalues l_i >= xmin; D = max |fitted CDF - empirical CDF| over that tail, the
-    empirical CDF at its k-th point (k from 0) being k/n; the xmin with the smallest D wins."""
+    """Continuous power-law fit of an ESD's tail (Clauset, Shalizi & Newman 2009), as
+    WeightWatcher's default fit: every eigenvalue but the largest is a candidate xmin; alpha = 1
+    + n / sum ln(l_i / xmin) over the n eigenvalues l_i >= xmin; D = max |fitted CDF - empirical
+    CDF| over that tail, the empirical CDF at its k-th point (k from 0) being k/n; the xmin with
+    the smallest D wins."""
     x = np.sort(np.asarray(evals, dtype=np.float64))
     x = x[x > EVALS_THRESH]
     N = len(x)
@@ -64,7 +67,7 @@ def fit_powerlaw(evals):
     for s in range(0, N - 1, step):
         c = cand[s:s + step, None]
         a = np.where(ok[s:s + step], alphas[s:s + step], 2.0)[:, None]
-        log_ratio = np.maximum(logx[None, :] - logx[c], 0.0)   # points below xmin are masked out below
+        log_ratio = np.maximum(logx[None, :] - logx[c], 0.0)  # points below xmin: masked below
         gap = np.abs(1 - np.exp((1 - a) * log_ratio) - (j - c) / n[c])
         gap[j[None, :] < c] = 0.0
         Ds[s:s + step] = np.where(ok[s:s + step], gap.max(axis=1), 1.0)
@@ -85,8 +88,8 @@ def float64_device(device):  # where float64 work is done: on the device, but fo
 
 
 def eigenvalues(mats):
-    """Eigenvalues of each W^T W (float64, ascending): eigvalsh of the Gram matrix on the short side,
-    ~10x faster than an SVD on CPU, to ~1e-16 of lambda_max; one batched call per shape."""
+    """Eigenvalues of each W^T W (float64, ascending): eigvalsh of the Gram matrix on the short
+    side, ~10x faster than an SVD on CPU, to ~1e-16 of lambda_max; one batched call per shape."""
     groups, out = {}, {}
     for name, W in mats.items():
         groups.setdefault(tuple(W.shape), []).append(name)
@@ -193,7 +196,7 @@ def measurement_windows(model, ckpt, opts):
     cfg = ckpt.get("config", {})
     dataset = opts["dataset"] or cfg.get("dataset")
     if not dataset:
-        raise SystemExit("analyze.py: the checkpoint does not name its dataset; pass --dataset=NAME")
+        raise SystemExit("analyze.py: the checkpoint names no dataset; pass --dataset=NAME")
     data_dir = opts["data_dir"] or (None if opts["dataset"] else cfg.get("data_dir"))
     block_size = opts["block_size"] or model.config.block_size
     if block_size > model.config.block_size:
@@ -260,8 +263,9 @@ def fmt(v, spec=".4g"):
 
 
 def print_table(title, labels, rows, fields=("",)):
-    """rows: (name, [cell per checkpoint]), the checkpoints side by side. With fields, a cell is a tuple
-    of one string per field: each checkpoint's column splits into right-aligned sub-columns."""
+    """rows: (name, [cell per checkpoint]), the checkpoints side by side. With fields, a cell is a
+    tuple of one string per field: each checkpoint's column splits into right-aligned
+    sub-columns."""
     if fields == ("",):  # one string per checkpoint
         rows = [(name, [(c,) for c in cells]) for name, cells in rows]
     w0 = max([len(r[0]) for r in rows] + [8])
@@ -283,7 +287,8 @@ def sub_columns(cell, widths):
 
 
 def rows_by_name(results, section, key, cell, missing="-"):
-    """One row per layer name (over every checkpoint, first-seen order); `missing` where one lacks it."""
+    """One row per layer name (over every checkpoint, first-seen order); `missing` where one lacks
+    it."""
     names = list(dict.fromkeys(n for r in results if section in r for n in r[section][key]))
     return [(n, [cell(r[section][key][n]) if section in r and n in r[section][key] else missing
                  for r in results]) for n in names]
@@ -293,8 +298,8 @@ def report(results, labels):
     """The tables of each section the command measured, the checkpoints side by side."""
     first = results[0]
     if "saturation" in first:
-        notes = [f"{lab}: no DyT/Derf layer: saturation is defined for point-wise norm layers only; "
-                 "input std per layer follows" for lab, r in zip(labels, results)
+        notes = [f"{lab}: no DyT/Derf layer: saturation is defined for point-wise norm layers "
+                 "only; input std per layer follows" for lab, r in zip(labels, results)
                  if r["saturation"]["global"] is None]
         print_notes(notes)
         if len(notes) < len(results):
@@ -317,8 +322,9 @@ def report(results, labels):
                     fields=("alpha", "alpha_w", "stable_rank"))
     if "rank" in first:
         rk = [r["rank"] for r in results]
+        depth = max(len(k["blocks"]) for k in rk)
         rows = [(f"block {i} output", [fmt(k["blocks"][i], ".1f") if i < len(k["blocks"]) else "-"
-                                       for k in rk]) for i in range(max(len(k["blocks"]) for k in rk))]
+                                       for k in rk]) for i in range(depth)]
         rows += [("mean over blocks", [fmt(k["mean_blocks"], ".1f") for k in rk])]
         rows += rows_by_name(results, "rank", "weights", lambda v: fmt(v, ".1f"))
         rows += [("mean over weights", [fmt(k["mean_weights"], ".1f") for k in rk])]
@@ -390,7 +396,8 @@ def main(argv):
     results = [dict(label=lab, **r) for lab, (r, _) in zip(labels, out)]
     report(results, labels)
     if opts["json"]:
-        doc = dict(schema="nanonorm-analysis/1", command=command, settings=opts, checkpoints=results)
+        doc = dict(schema="nanonorm-analysis/1", command=command, settings=opts,
+                   checkpoints=results)
         os.makedirs(os.path.dirname(os.path.abspath(opts["json"])), exist_ok=True)
         write_json(opts["json"], doc)
         print(f"\nwrote {opts['json']}")

@@ -53,8 +53,9 @@ def checkpoint_file(path, which='latest'):
 
 
 def load_checkpoint(path, device='cpu', which='latest', language_model=False, verify=True):
-    """(model in eval mode, checkpoint dict) of a train.py or nanoGPT checkpoint. verify: CRC-32s checked
-    (torch.load does not). device='meta' checks keys and shapes without copying the weights."""
+    """(model in eval mode, checkpoint dict) of a train.py or nanoGPT checkpoint. verify: CRC-32s
+    checked (torch.load does not). device='meta' checks keys and shapes without copying the
+    weights."""
     path = checkpoint_file(path, which)
     if not os.path.isfile(path):
         how = "give a run's out_dir or its ckpt.pt / best.pt (train one with `python train.py`)"
@@ -95,7 +96,8 @@ def read_checkpoint(path):
         raise ValueError(f"cannot read checkpoint {path}: {why}. {COPY_AGAIN}") from None
     if not isinstance(ckpt, dict) or 'model' not in ckpt or 'model_args' not in ckpt:
         raise ValueError(f"{path} is not a training checkpoint: it needs 'model' and 'model_args' entries")
-    ckpt['model'] = {strip_wrappers(k): v for k, v in ckpt['model'].items()}
+    # without the prefixes that torch.compile ('_orig_mod.') and DDP ('module.') add
+    ckpt['model'] = {re.sub(r'^((_orig_mod|module)\.)+', '', k): v for k, v in ckpt['model'].items()}
     moments = ckpt.get('optimizer', {}).get('state', {}).get('embed_scale', {})
     for state in (ckpt['model'], moments):  # older 0-dim embed_scale: FSDP2 shards no 0-dim tensor
         state.update({k: v.reshape(1) for k, v in state.items()
@@ -104,7 +106,8 @@ def read_checkpoint(path):
 
 
 def load_weights(ckpt, path, device):
-    """The model of ckpt's model_args with its weights, built on `device` (no copy on the CPU first)."""
+    """The model of ckpt's model_args with its weights, built on `device` (no copy on the CPU
+    first)."""
     try:
         with torch.device(device):
             model = build_model(ckpt['model_args'])
@@ -131,18 +134,12 @@ def build_model(model_args):  # a ViT's (annex/vit.py) have a patch_size
     return GPT(GPTConfig(**model_args))
 
 
-def strip_wrappers(key):  # the prefixes torch.compile ('_orig_mod.') and DDP ('module.') add
-    while key.startswith(('_orig_mod.', 'module.')):
-        key = key.removeprefix('_orig_mod.').removeprefix('module.')
-    return key
-
-
 def few(items, n=3):
     more = f' and {len(items) - n} more' if len(items) > n else ''
     return ', '.join(items[:n]) + more if items else 'none'
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # train.py's: writing and resuming
 
 def training_state(model, optimizer, **fields):
@@ -172,7 +169,8 @@ def save_checkpoint(state, out_dir, best=False):
 
 def save_run(model, optimizer, fields, out_dir, env, best=False, sharded=None):
     """train.py's checkpoint, by every process: ckpt.pt from rank 0, or ckpt.dcp/ (`sharded`:
-    annex/cluster.py) from all. A failure anywhere ends every process at once: none waits an hour."""
+    annex/cluster.py) from all. A failure anywhere ends every process at once: none waits an
+    hour."""
     error = None
     try:
         if sharded:

@@ -17,7 +17,8 @@ PLAIN = (int, float, bool, str, type(None))
 
 
 def config_keys(namespace):
-    """(defaults, types): a script's lower-case plain globals; one annotated `T | None` takes T or None."""
+    """(defaults, types): a script's lower-case plain globals; one annotated `T | None` takes T or
+    None."""
     defaults = {k: v for k, v in namespace.items()
                 if not k.startswith('_') and not k.isupper() and isinstance(v, PLAIN)}
     hints = inspect.get_annotations(sys.modules[namespace['__name__']])

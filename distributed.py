@@ -66,7 +66,8 @@ def check_train_config(cfg, world):
 
 
 def pick_device(device=None):
-    """The device asked for (an error if this machine lacks it); by default cuda, else mps, else cpu."""
+    """The device asked for (an error if this machine lacks it); by default cuda, else mps, else
+    cpu."""
     if device in (None, 'auto'):
         if torch.cuda.is_available():
             return 'cuda'
@@ -82,8 +83,8 @@ def pick_device(device=None):
 
 
 def precision(device, dtype=None):
-    """(dtype, the context to run the model in): None = 'bfloat16' on a CUDA device that has it, else
-    'float32', which runs without autocast (on CUDA with TF32 matmuls)."""
+    """(dtype, the context to run the model in): None = 'bfloat16' on a CUDA device that has it,
+    else 'float32', which runs without autocast (on CUDA with TF32 matmuls)."""
     kind = torch.device(device).type
     if dtype is None:
         dtype = 'bfloat16' if kind == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
@@ -136,8 +137,8 @@ def set_timeout(env, seconds):
 
 
 def any_failed(env, error):
-    """Whether any process has an error (each passes its own, or None): all learn it at once, so none
-    waits in a collective for one that has left."""
+    """Whether any process has an error (each passes its own, or None): all learn it at once, so
+    none waits in a collective for one that has left."""
     flag = torch.full((), float(bool(error)), device=env.device)
     if env.ddp:
         dist.all_reduce(flag)

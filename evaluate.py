@@ -1,6 +1,6 @@
 """
-The eval train.py runs every eval_interval steps: mean loss and accuracy (next token, or class) on each
-split's fixed eval samples (and the study's val slice, redrawn each time), shared out over the
+The eval train.py runs every eval_interval steps: mean loss and accuracy (next token, or class) on
+each split's fixed eval samples (and the study's val slice, redrawn each time), shared out over the
 processes; the norm statistics of the train samples (norm_stats.py); the signs of a collapse.
 """
 import torch
@@ -9,13 +9,13 @@ import torch.distributed as dist
 import norm_stats
 from data.common import micro_batches
 
-COLLAPSE_MARGIN = 0.1  # nats: a train loss this close to the entropy of the token (class) frequencies
+COLLAPSE_MARGIN = 0.1  # nats: a train loss this close to the entropy of the token frequencies
 COLLAPSE_AFTER = 200  # steps (or warmup's, if fewer) before it warns: the study's warmup is longer
 
 
 @torch.no_grad()
 def evaluate(run, it):
-    """The eval record of the model before step `it`, run by run.model (compiled where training is)."""
+    """The eval record before step `it`, run by run.model (compiled where training is)."""
     cfg, env, data, raw = run.cfg, run.env, run.data, run.raw
     splits = {'train': data.eval_ids['train'], 'val': data.eval_ids['val']}
     if cfg.paper_val:  # the study's val slice: windows redrawn at every eval
@@ -52,10 +52,12 @@ def collapse_warnings(cfg, data, it, train_loss, layers):
     whatever the input; f: tanh or erf): the signs of a collapsed run (DyT at small scale)."""
     warnings = []
     if it > min(cfg.warmup_iters, COLLAPSE_AFTER) and train_loss > data.entropy - COLLAPSE_MARGIN:
-        warnings.append(f'train loss {train_loss:.3f} after {it} steps: at the unigram level of the '
-                        f'budget ({data.entropy:.3f} nats), {data.predicted} frequencies only (collapsed?)')
+        warnings.append(f'train loss {train_loss:.3f} after {it} steps: at the unigram level of '
+                        f'the budget ({data.entropy:.3f} nats), {data.predicted} frequencies only '
+                        '(collapsed?)')
     full = [name for name, s in layers.items()
             if s['saturation'] and s['saturation'][norm_stats.AT_2] > 0.99]
     if full:
-        warnings.append(f"norm layers saturated (|f| > tanh(2) on over 99% of inputs): {', '.join(full)}")
+        warnings.append('norm layers saturated (|f| > tanh(2) on over 99% of inputs): '
+                        + ', '.join(full))
     return warnings

@@ -1,8 +1,8 @@
 """
 What the norm layers see, measured while the model runs (train.py at every eval, analyze.py): each
 norm layer's input mean and std and, for a norm with squashed() and cut() (DyT, Derf: model.py), its
-saturation: the fraction of outputs with |f| > tanh(t) for each threshold t, f being tanh or erf (DyT:
-|alpha x| > t, Verma 2026). instrument(model) attaches it from outside model.py: each norm layer
+saturation: the fraction of outputs with |f| > tanh(t) for each threshold t, f being tanh or erf
+(DyT: |alpha x| > t, Verma 2026). instrument(model) attaches it from outside model.py: each norm layer
 (ln_1, ln_2, ln_f) gets sums in buffers and a forward pre-hook that adds to them while recording.
 Instrument before torch.compile, which then traces the hook too; the buffers follow .to(device) and
 stay out of checkpoints. Off, a hook costs one bool test.
@@ -18,7 +18,8 @@ SUMS = ('stat_count', 'stat_sum', 'stat_sumsq', 'stat_sat')
 
 def norm_layers(model):
     """[(name, layer)] of the norms before attention, before the MLP, and the final one."""
-    return [(n, m) for n, m in model.named_modules() if n.rpartition('.')[2] in ('ln_1', 'ln_2', 'ln_f')]
+    return [(n, m) for n, m in model.named_modules()
+            if n.rpartition('.')[2] in ('ln_1', 'ln_2', 'ln_f')]
 
 
 def observe(layer, args):

@@ -1,7 +1,7 @@
 """
-A run's files besides its checkpoints, all in out_dir: config.json (every key), log.jsonl (a JSON line
-per step logged, eval and event, and the step's line on the screen), summary.json (how the run ended;
-written once it has), and a wandb run with wandb_log=True. read_log reads a log back.
+A run's files besides its checkpoints, in out_dir: config.json (every key), log.jsonl (a JSON line
+per step logged, eval and event; a step's line on the screen too), summary.json (how the run ended,
+once it has) and a wandb run with wandb_log=True. read_log reads a log back.
 """
 import json
 import os
@@ -12,7 +12,8 @@ from data.common import atomic_write, write_json
 
 
 def read_log(path, keep):
-    """The records of a JSON-lines file (log.jsonl) that satisfy keep(record); a torn line is dropped."""
+    """The records of a JSON-lines file (log.jsonl) that satisfy keep(record); a torn line is
+    dropped."""
     records = []
     if os.path.exists(path):
         with open(path) as f:
@@ -47,7 +48,7 @@ def prepare_run_dir(out_dir, config, resume_iter=None):
 
 
 def log(run, record):
-    """A line of log.jsonl (and a step of the wandb run with wandb_log), by the process that writes."""
+    """A line of log.jsonl (and a wandb step with wandb_log), by the process that writes."""
     if not run.writing:
         return
     with open(os.path.join(run.cfg.out_dir, 'log.jsonl'), 'a') as f:

@@ -13,7 +13,7 @@ from configurator import config_keys, configure
 from data.common import DataError, get_tokenizer
 from distributed import pick_device, precision
 
-# -----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 out_dir = 'out'
 ckpt = 'latest'  # out_dir's 'latest' (ckpt.pt) or 'best' (best.pt), as in analyze.py; or a file
 start = '\n'  # the prompt, or "FILE:path" to read it from a file
@@ -24,9 +24,9 @@ top_k: int | None = 200  # keep only the top_k most likely tokens; None = all
 seed = 1337
 device: str | None = None  # None = 'cuda' if available, else 'mps', else 'cpu'
 dtype: str | None = None  # 'float32', 'bfloat16' or 'float16'; None = bfloat16 on CUDA if supported
-compile = False  # torch.compile the forward that generate calls (dynamic shapes: the sequence grows)
+compile = False  # torch.compile the forward generate calls (dynamic shapes: the sequence grows)
 tiktoken_file: str | None = None  # GPT-2 .tiktoken ranks file for offline machines
-# -----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 DEFAULTS, OPTIONAL_TYPES = config_keys(globals())
 
 
@@ -36,15 +36,16 @@ def main(argv):
     if path in CHECKPOINTS:
         path = checkpoint_file(cfg['out_dir'], path)
     if cfg['dtype'] not in (None, 'float32', 'bfloat16', 'float16'):
-        raise SystemExit(f"error: dtype={cfg['dtype']!r} is not known; use 'float32', 'bfloat16' or "
-                         "'float16'")
+        raise SystemExit(f"error: dtype={cfg['dtype']!r} is not known; use 'float32', 'bfloat16' "
+                         "or 'float16'")
     start = cfg['start']
     if start.startswith('FILE:'):
         try:
             with open(start[5:], encoding='utf-8') as f:
                 start = f.read()
         except (OSError, UnicodeDecodeError) as e:
-            raise SystemExit(f'error: cannot read the prompt file {start[5:]!r} (--start=FILE:path): {e}')
+            raise SystemExit(f'error: cannot read the prompt file {start[5:]!r} '
+                             f'(--start=FILE:path): {e}')
     torch.manual_seed(cfg['seed'])
     try:
         device = pick_device(cfg['device'])
@@ -58,9 +59,9 @@ def main(argv):
         model.compile(dynamic=True)
     ids = tok.encode(start) or [tok.eot]  # an empty prompt starts from end-of-text
     if max(ids) >= model.config.vocab_size:
-        raise SystemExit(f"error: the prompt has token id {max(ids)}, outside the model's vocabulary "
-                         f"({model.config.vocab_size}); is the checkpoint's tokenizer ({tok.name}) "
-                         "the data's?")
+        raise SystemExit(f"error: the prompt has token id {max(ids)}, outside the model's "
+                         f"vocabulary ({model.config.vocab_size}); is the checkpoint's tokenizer "
+                         f"({tok.name}) the data's?")
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, -model.config.block_size:]
     with torch.no_grad(), ctx:
         for _ in range(cfg['num_samples']):

@@ -1,11 +1,11 @@
 """
 Train a GPT variant (model.py) on a tokenized corpus: on a CPU, one GPU, or many with torchrun.
-  python train.py                   # a tiny byte-level GPT on the offline pydocs corpus: ~1 min, 2 CPUs
+  python train.py                   # a tiny byte-level GPT on the offline pydocs corpus: ~1 min
   python train.py config/gpt2_64m_dyt.py --train_tokens=1_000_000 --seed=42 --out_dir=out/64m_dyt_1M
   torchrun --standalone --nproc_per_node=8 train.py config/gpt2_64m_dyt.py --init_from=auto
 Keys: the globals below, then config files, then --key=value (configurator.py). Writes config.json,
-log.jsonl, ckpt.pt, best.pt, summary.json to out_dir; SIGTERM, SIGUSR1, Ctrl-C stop at the next step,
-ckpt.pt written. Exit status 0 finished, 3 diverged, 4 stopped, 1 error.
+log.jsonl, ckpt.pt, best.pt, summary.json to out_dir; SIGTERM, SIGUSR1, Ctrl-C stop at the next
+step, ckpt.pt written. Exit status 0 finished, 3 diverged, 4 stopped, 1 error.
 """
 import gc
 import math
@@ -29,15 +29,15 @@ from evaluate import evaluate
 from run_files import log, log_step, prepare_run_dir, seen, write_summary
 
 # --------------------------------------------------------------------------------------------------
-# default config: a tiny model on the offline pydocs corpus that learns visibly in a minute on 2 CPUs
-# I/O
+# default config: a tiny model on the offline pydocs corpus that learns visibly in a minute on 2
+# CPUs I/O
 out_dir = 'out'
 eval_interval = 100
 eval_interval_warmup: int | None = None  # evals this often until warmup ends (an early best)
 log_interval = 10
 eval_iters = 10  # batches per split per evaluation (image data: val is the whole test set)
 eval_only = False
-always_save_checkpoint = True  # False: ckpt.pt only when val loss improves, and at the end (nanoGPT)
+always_save_checkpoint = True  # False: ckpt.pt when val loss improves, and at the end (nanoGPT)
 init_from = 'scratch'  # 'scratch', 'resume' (out_dir/ckpt.pt) or 'auto' (resume if there is one)
 overwrite = False  # a scratch run refuses an out_dir that holds a run (sweeps must not clobber)
 wandb_log = False
@@ -45,10 +45,10 @@ wandb_project = 'nanonorm'
 wandb_run_name = 'run'
 # data
 dataset = 'pydocs'
-data_dir: str | None = None  # the folder with train.bin, val.bin and meta.json; None = data/<dataset>
+data_dir: str | None = None  # the folder of train.bin, val.bin, meta.json; None = data/<dataset>
 train_tokens: int | None = None  # the data budget: the first train_tokens train tokens; None = all
-val_tokens: int | None = None  # evaluate on the first val_tokens val tokens (every budget); None = all
-tiktoken_file: str | None = None  # a GPT-2 .tiktoken ranks file for offline machines (sample.py too)
+val_tokens: int | None = None  # evaluate on the first val_tokens val tokens; None = all
+tiktoken_file: str | None = None  # a GPT-2 .tiktoken ranks file for offline machines
 gradient_accumulation_steps = 1  # micro-batches per step in all: batch_size x this = sequences/step
 batch_size = 16  # sequences per micro-batch, at most
 block_size = 128
@@ -89,16 +89,17 @@ device: str | None = None  # None = 'cuda' if available, else 'mps', else 'cpu'
 dtype: str | None = None  # 'float32' or 'bfloat16' (autocast); None = bfloat16 on CUDA if supported
 compile = False
 backend: str | None = None  # torch.distributed's; None = 'nccl' on CUDA, 'gloo' otherwise
-peak_flops: float | None = None  # the device's peak FLOP/s for MFU; None = by GPU name (annex/memory)
+peak_flops: float | None = None  # the device's peak FLOP/s for MFU; None = by GPU name
 step_timeout = 600  # seconds a step's collectives wait for a lost process (saves: an hour)
 seed = 1337
-# read by the annexes only: the study's protocol (annex/protocol.py), a ViT (annex/vit.py), a cluster
+# read by the annexes only: the study's protocol (annex/protocol.py), a ViT (annex/vit.py), a
+# cluster
 budget_docs: int | None = None  # the budget: a random subset of whole documents, from this seed
 paper_val = 0  # > 0: also log val_loss_paper, the study's protocol (README): this many windows
 patch_size = 4  # image data: the ViT's patches and pooling, 'cls' or 'mean'
 pool = 'cls'
 vit_as_run = False  # the study's ViT as its code ran
-fsdp = False  # under torchrun: shard weights, gradients and AdamW state with FSDP2 (annex/cluster.py)
+fsdp = False  # under torchrun: shard weights, gradients and AdamW state with FSDP2
 fsdp_shard = 0  # HSDP: shard within groups of this many processes (a node's GPUs); 0 = all
 fsdp_bf16 = False  # FSDP: bf16 weight gathers, fp32 gradient reduces (torchtitan's)
 launcher: str | None = None  # 'srun': one process per srun task; None = torchrun's, or one
@@ -123,7 +124,7 @@ def get_lr(it, cfg):
 
 def main(argv):
     cfg = SimpleNamespace(**configure(DEFAULTS, argv, OPTIONAL_TYPES, __doc__))
-    if cfg.launcher is not None:  # only when asked: Slurm's variables alone make no process one of many
+    if cfg.launcher is not None:  # only if asked: Slurm's variables alone make no process one of many
         annex('cluster', f'launcher={cfg.launcher!r}').srun_environment(cfg.launcher)
     check_train_config(cfg, world_size())
     handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
@@ -158,8 +159,8 @@ def train(cfg, env):
     if env.master and memory:  # before the model exists: said before it runs out of memory
         memory.print_plan(model_args, cfg, env, max(count for _, count in parts))
     raw, model = build(cfg, env, model_args)  # the module, and what runs it
-    optimizer = raw.configure_optimizers(cfg.weight_decay, cfg.learning_rate, (cfg.beta1, cfg.beta2),
-                                         env.device_type)
+    betas = (cfg.beta1, cfg.beta2)
+    optimizer = raw.configure_optimizers(cfg.weight_decay, cfg.learning_rate, betas, env.device_type)
     if ckpt:
         load_training_state(raw, optimizer, ckpt, env)
         del ckpt
@@ -186,7 +187,8 @@ def train(cfg, env):
         if memory:  # fp32 weights and AdamW's two moments
             problem = memory.check_room(cfg.out_dir, 12 * n_params, gathered=sharded is None)
     if any_failed(env, problem):  # said now, not after the first hours of training
-        raise SystemExit(f'error: {problem}' if problem else 'error: rank 0 cannot save checkpoints')
+        why = problem if problem else 'rank 0 cannot save checkpoints (its message says why)'
+        raise SystemExit(f'error: {why}')
     return finish(run, state, *loop(run, state), meta)
 
 
@@ -211,10 +213,11 @@ def print_start(run, state, resume):
     print(f'config (all of it in {cfg.out_dir}/config.json): {changed}')
     print(f'model: {run.raw.describe()}')
     print(f'global batch: {data.describe(run.samples)}/step ({run.env.world} process(es) x '
-          f'{len(run.parts)} micro-batch(es) of <= {cfg.batch_size}); budget {data.n_train:,} train '
-          f'{data.unit} (entropy of the {data.predicted} frequencies {data.entropy:.3f} nats)')
+          f'{len(run.parts)} micro-batch(es) of <= {cfg.batch_size}); budget {data.n_train:,} '
+          f'train {data.unit} (entropy of the {data.predicted} frequencies {data.entropy:.3f} nats)')
     if resume:
-        print(f'resuming {cfg.out_dir} at iter {state.iter_num} (best val loss {state.best_val_loss:.4f})')
+        print(f'resuming {cfg.out_dir} at iter {state.iter_num} (best val loss '
+              f'{state.best_val_loss:.4f})')
 
 
 # ----------------------------------------------------------------------------------------- the loop
@@ -301,8 +304,8 @@ def train_step(run, batches):
     if hasattr(grad_norm, 'full_tensor'):  # FSDP: a DTensor
         grad_norm = grad_norm.full_tensor()
     stop = torch.full((), float(bool(env.stop)), device=env.device)  # a fill: no blocking copy
-    # one all-reduce, a sum: the loss shares add up to the mean, the gradient norm (the same on every
-    # process) counts 1/world from each, and a stop anywhere makes the sum positive
+    # one all-reduce, a sum: the loss shares add up to the mean, the gradient norm (the same on
+    # every process) counts 1/world from each, and a stop anywhere makes the sum positive
     totals = torch.stack([loss_sum, grad_norm.float() / env.world, stop])
     if env.ddp:
         dist.all_reduce(totals)
@@ -324,7 +327,8 @@ def divergence(cfg, state, loss, grad_norm):
     return None
 
 
-# ----------------------------------------------------------------------- evaluation, checkpoints, end
+# ----------------------------------------------------------------------- evaluation, checkpoints,
+# end
 
 def eval_and_save(run, state):
     """The eval before step state.iter_num, the best kept, then the checkpoint (not at step 0: the
@@ -332,21 +336,24 @@ def eval_and_save(run, state):
     cfg, it = run.cfg, state.iter_num
     ev = evaluate(run, it)
     if not (math.isfinite(ev['train_loss']) and math.isfinite(ev['val_loss'])):
-        return f"non-finite eval loss at iter {it} (train {ev['train_loss']}, val {ev['val_loss']})", False
+        why = f"non-finite eval loss at iter {it} (train {ev['train_loss']}, val {ev['val_loss']})"
+        return why, False
     improved = ev['val_loss'] < state.best_val_loss
     if improved:
         state.best_val_loss, state.best_iter = ev['val_loss'], it
-    state.last_eval = dict(ev, lr=get_lr(it, cfg), **seen(run, it), best_val_loss=state.best_val_loss,
-                           best_iter=state.best_iter)
+    state.last_eval = dict(ev, lr=get_lr(it, cfg), **seen(run, it),
+                           best_val_loss=state.best_val_loss, best_iter=state.best_iter)
     log(run, state.last_eval)
     if run.env.master:
         sat = ''
         if ev['saturation']:
             sat = f", saturation@2.0 {ev['saturation'][norm_stats.AT_2]:.3f}"
         print(f"step {it}: train loss {ev['train_loss']:.4f}, val loss {ev['val_loss']:.4f} (best "
-              f"{state.best_val_loss:.4f} @ {state.best_iter}), val acc {ev['val_acc']:.2%}, epochs "
-              f"{state.last_eval['epochs']:.2f}{sat}", *(f'  warning: {w}' for w in ev['warnings']), sep='\n')
-    if cfg.eval_only or not (((cfg.always_save_checkpoint or improved) and it > 0) or it >= cfg.max_iters):
+              f"{state.best_val_loss:.4f} @ {state.best_iter}), val acc {ev['val_acc']:.2%}, "
+              f"epochs {state.last_eval['epochs']:.2f}{sat}",
+              *(f'  warning: {w}' for w in ev['warnings']), sep='\n')
+    wanted = (cfg.always_save_checkpoint or improved) and it > 0  # step 0: the seed rebuilds it
+    if cfg.eval_only or not (wanted or it >= cfg.max_iters):
         return None, False
     save(run, state, best=improved)
     return None, True
@@ -374,8 +381,8 @@ def finish(run, state, reason, stop, meta):
     if reason:
         log(run, {'event': 'diverged', 'iter': it, 'diverged': True, 'reason': reason})
         if env.master:
-            print(f'DIVERGED: {reason}. Stopped; the checkpoints in {cfg.out_dir} are the last good '
-                  'ones.', file=sys.stderr)
+            print(f'DIVERGED: {reason}. Stopped; the checkpoints in {cfg.out_dir} are the last '
+                  'good ones.', file=sys.stderr)
     if run.writing:
         write_summary(run, state, reason, seen(run, it), meta)
     if reason:

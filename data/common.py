@@ -1,7 +1,8 @@
 """
 The data as every script reads it: two tokenizers, token files (data/<dataset>/{train,val,test}.bin,
 uint16 or uint32, and meta.json), the windows train.py trains on, files written atomically. The
-prepare scripts' tools are in data/prepare_tools.py, the study's document budgets in annex/protocol.py.
+prepare scripts' tools are in data/prepare_tools.py, the study's document budgets in
+annex/protocol.py.
 """
 import hashlib
 import json
@@ -15,11 +16,12 @@ from configurator import annex
 from model import GPTConfig
 
 DATA_DIR = os.path.dirname(os.path.abspath(__file__))
-TIKTOKEN_ENV = "NANONORM_TIKTOKEN_FILE"  # a GPT-2 .tiktoken ranks file, for machines without internet
+TIKTOKEN_ENV = "NANONORM_TIKTOKEN_FILE"  # a GPT-2 .tiktoken ranks file, for offline machines
 EOT = {"byte": 256, "gpt2": 50256}  # each tokenizer's end-of-text id
-FOLDER_FORMAT = ('a data folder holds train.bin and val.bin (token ids as raw uint16, or uint32 with '
-                 '"dtype": "uint32") and meta.json {"tokenizer": "byte" or "gpt2", "vocab_size": '
-                 'int}, optionally "dtype" and the counts "train_tokens", "val_tokens" (docs/data.md)')
+FOLDER_FORMAT = ('a data folder holds train.bin and val.bin (token ids as raw uint16, or uint32 '
+                 'with "dtype": "uint32") and meta.json {"tokenizer": "byte" or "gpt2", '
+                 '"vocab_size": int}, optionally "dtype" and the counts "train_tokens", '
+                 '"val_tokens" (docs/data.md)')
 WRITTEN_AS = {1: "uint8", 2: "uint16", 4: "uint32", 8: "int64 (numpy's default)"}  # by bytes per id
 
 
@@ -28,7 +30,8 @@ class DataError(RuntimeError):  # a data problem the user can fix: the message s
 
 
 class Tokenizer:
-    """GPT-2 BPE ('gpt2', tiktoken's encode_ordinary) or UTF-8 bytes ('byte': 0..255, end-of-text 256)."""
+    """GPT-2 BPE ('gpt2', tiktoken's encode_ordinary) or UTF-8 bytes ('byte': 0..255, end-of-text
+    256)."""
 
     def __init__(self, name, enc=None):
         self.name, self.enc = name, enc
@@ -63,19 +66,21 @@ def get_tokenizer(name, tiktoken_file=None):
     return Tokenizer("gpt2", gpt2_encoding(tiktoken_file or os.environ.get(TIKTOKEN_ENV) or None))
 
 
-# ---------------------------------------------------------------------------- token files, meta.json
+# ---------------------------------------------------------------------------- token files,
+# meta.json
 
 def load_split(dataset, split, data_dir=None):
     """A split ('train', 'val', 'test') of data_dir (or data/<dataset>/), as a read-only memmap."""
     folder = data_dir or os.path.join(DATA_DIR, dataset)
-    path, rebuild = os.path.join(folder, f"{split}.bin"), f"python data/{dataset}/prepare.py --force=True"
+    path = os.path.join(folder, f"{split}.bin")
+    rebuild = f"python data/{dataset}/prepare.py --force=True"
     if not os.path.exists(os.path.join(folder, "meta.json")):
         raise DataError(f"dataset {dataset!r} is not prepared ({folder}/meta.json is missing). "
                         + how_to_prepare(dataset, data_dir))
     if not os.path.exists(path):
         have = sorted(f[:-4] for f in os.listdir(folder) if f.endswith(".bin"))
-        raise DataError(f"dataset {dataset!r} has no {split!r} split ({path} missing); it has {have}. "
-                        f"If a file was deleted, rebuild with: {rebuild}")
+        raise DataError(f"dataset {dataset!r} has no {split!r} split ({path} missing); it has "
+                        f"{have}. If a file was deleted, rebuild with: {rebuild}")
     if os.path.getsize(path) == 0:
         raise DataError(f"{path} is empty; rebuild with: {rebuild}")
     meta = load_meta(dataset, data_dir)
@@ -86,14 +91,15 @@ def load_split(dataset, split, data_dir=None):
     size = os.path.getsize(path)
     n = size / dtype.itemsize
     if n != int(n) and count is None:
-        raise DataError(f"{path} has {size:,} bytes, not a whole number of {dtype} ids: truncated, or not "
-                        f"{dtype}?")
+        raise DataError(f"{path} has {size:,} bytes, not a whole number of {dtype} ids: truncated, "
+                        f"or not {dtype}?")
     if count is not None and n != count:  # a wrong dtype would read garbage silently
         why = "truncated, or meta.json's count is another file's? Write both again"
         if size / count in WRITTEN_AS:
-            why = (f"written as {WRITTEN_AS[size / count]}? meta.json's \"dtype\" must say how the ids "
-                   "are stored: uint16 or uint32")
-        raise DataError(f"{path} holds {n:g} {dtype} ids but meta.json says {split}_tokens={count:,}: {why}")
+            why = (f"written as {WRITTEN_AS[size / count]}? meta.json's \"dtype\" must say how "
+                   "the ids are stored: uint16 or uint32")
+        raise DataError(f"{path} holds {n:g} {dtype} ids but meta.json says {split}_tokens="
+                        f"{count:,}: {why}")
     return np.memmap(path, dtype=dtype, mode="r")
 
 
@@ -110,7 +116,9 @@ def load_meta(dataset, data_dir=None):
         with open(path) as f:
             meta = json.load(f)
     except ValueError as e:
-        how = FOLDER_FORMAT if data_dir else f"Rebuild with: python data/{dataset}/prepare.py --force=True"
+        how = FOLDER_FORMAT
+        if not data_dir:
+            how = f"Rebuild with: python data/{dataset}/prepare.py --force=True"
         raise DataError(f"{path} is not valid JSON ({e}). {how}") from e
     if not isinstance(meta, dict):
         raise DataError(f"{path} must hold a JSON object; {FOLDER_FORMAT}")
@@ -124,8 +132,8 @@ def load_meta(dataset, data_dir=None):
     elif type(vocab) is not int or vocab < 1:
         wrong = f"'vocab_size' must be a positive int, got {vocab!r}"
     elif "eot" in meta and not (type(meta["eot"]) is int and 0 <= meta["eot"] < vocab):
-        wrong = ("'eot' must be the end-of-text id that ends each document (an int below vocab_size), "
-                 f"got {meta['eot']!r}")
+        wrong = ("'eot' must be the end-of-text id that ends each document (an int below "
+                 f"vocab_size), got {meta['eot']!r}")
     elif meta.get("dtype", "uint16") not in ("uint16", "uint32"):
         wrong = f"""'dtype' must be "uint16" or "uint32" (the ids' type), got {meta['dtype']!r}"""
     if wrong:
@@ -152,16 +160,13 @@ def token_counts(tokens, minlength=0, chunk=1 << 24):
     return counts
 
 
-def max_id(tokens, chunk=1 << 24):
-    return max(int(tokens[k:k + chunk].max()) for k in range(0, len(tokens), chunk))
-
-
-def entropy_of(counts):  # in nats: the loss of a model that predicts only these frequencies (collapsed)
+def entropy_of(counts):  # in nats: the loss of a model predicting only these frequencies
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())
 
 
-# ---------------------------------------------------------------------------- what train.py trains on
+# ---------------------------------------------------------------------------- what train.py trains
+# on
 
 def data_budget(train, train_tokens, budget_docs=None, meta=None):
     """The train split's first train_tokens (all for None), or with budget_docs a seeded subset of
@@ -173,7 +178,8 @@ def data_budget(train, train_tokens, budget_docs=None, meta=None):
 
 
 def derived_seed(*parts):  # from all its parts (seed, purpose, step...): independent, reproducible
-    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), 'little') >> 1
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, 'little') >> 1
 
 
 def micro_batches(n, world, rank, batch_size):
@@ -186,15 +192,16 @@ def micro_batches(n, world, rank, batch_size):
 
 
 class TokenData:
-    """Windows of block_size tokens of the budget, next tokens as targets. A step's windows depend on
-    (seed, step) alone: resumed and multi-process runs see the single-process batches. Fixed eval
-    windows: analyze.py's on train, spread evenly on val; with paper_val, 'val_paper' redrawn."""
+    """Windows of block_size tokens of the budget, next tokens as targets. A step's windows depend
+    on (seed, step) alone: resumed and multi-process runs see the single-process batches. Fixed
+    eval windows: analyze.py's on train, spread evenly on val; with paper_val, 'val_paper'
+    redrawn."""
     unit, predicted = 'tokens', 'token'
 
     def __init__(self, train, val, block_size, eval_count, eval_seed, paper_val=None):
         self.train, self.val, self.val_paper, self.block_size = train, val, paper_val, block_size
         self.n_train, self.per_sample = len(train), block_size
-        counts = token_counts(train)  # one pass: the budget's largest id, and a collapsed model's loss
+        counts = token_counts(train)  # one pass: the largest id, and a collapsed model's loss
         self.top_id, self.entropy = len(counts) - 1, entropy_of(counts)
         self.eval_ids = {'train': torch.from_numpy(random_windows(len(train), eval_count,
                                                                   block_size + 1, eval_seed)),
@@ -210,14 +217,16 @@ class TokenData:
         return f'python sample.py --out_dir={out_dir}; python analyze.py all {out_dir}'
 
     def draw(self, seed, step, count, split='train'):
-        """Where the `count` windows of step `step` start; a window and its targets end in the split."""
+        """Where the `count` windows of step `step` start; a window and its targets end in the
+        split."""
         g = torch.Generator().manual_seed(derived_seed(seed, split, step))
         return torch.randint(len(getattr(self, split)) - self.block_size, (count,), generator=g)
 
     def batch(self, split, starts, device):
         data, T = getattr(self, split), self.block_size
         x = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in starts.tolist()])
-        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64)) for i in starts.tolist()])
+        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64))
+                         for i in starts.tolist()])
         return to_device(x, device), to_device(y, device)
 
 
@@ -248,8 +257,9 @@ def open_data(cfg, env, eval_seed):
     if cfg.vocab_size is None:
         cfg.vocab_size = -(-meta['vocab_size'] // 64) * 64
     elif cfg.vocab_size < meta['vocab_size']:
-        raise SystemExit(f"error: vocab_size={cfg.vocab_size} is smaller than the dataset's vocabulary "
-                         f"({meta['vocab_size']} in meta.json); use vocab_size=None (padded to 64)")
+        raise SystemExit(f"error: vocab_size={cfg.vocab_size} is smaller than the dataset's "
+                         f"vocabulary ({meta['vocab_size']} in meta.json); use vocab_size=None "
+                         "(padded automatically)")
     return meta, data
 
 
@@ -263,24 +273,28 @@ def open_tokens(cfg, meta, eval_count, eval_seed):
     n_train = len(train) if cfg.train_tokens is None else cfg.train_tokens
     if not cfg.block_size < n_train <= len(train):
         raise DataError(f'train_tokens={cfg.train_tokens} must be between block_size+1 '
-                        f'({cfg.block_size + 1}) and the size of the train split ({len(train):,} tokens)')
+                        f'({cfg.block_size + 1}) and the size of the train split ({len(train):,} '
+                        'tokens)')
     if len(val) <= cfg.block_size:
-        raise DataError(f'the val split ({len(val):,} tokens, val_tokens={cfg.val_tokens}) is shorter '
-                        f'than block_size+1 ({cfg.block_size + 1})')
+        raise DataError(f'the val split ({len(val):,} tokens, val_tokens={cfg.val_tokens}) is '
+                        f'shorter than block_size+1 ({cfg.block_size + 1})')
     data = TokenData(data_budget(train, cfg.train_tokens, cfg.budget_docs, meta), val,
                      cfg.block_size, eval_count, eval_seed, paper)
-    for split, top in (('train', data.top_id), ('val', max_id(val))):
+    val_top = max(int(val[k:k + (1 << 24)].max()) for k in range(0, len(val), 1 << 24))
+    for split, top in (('train', data.top_id), ('val', val_top)):
         if top >= meta['vocab_size']:  # ids past the vocabulary: garbage
-            raise DataError(f"the {split} split (as trained on) holds token id {top:,}, but meta.json's "
-                            f"vocab_size is {meta['vocab_size']:,}: ids must be below it. Fix "
-                            'vocab_size, or the token files (another tokenizer? the wrong "dtype"?)')
+            raise DataError(f"the {split} split (as trained on) holds token id {top:,}, but "
+                            f"meta.json's vocab_size is {meta['vocab_size']:,}: ids must be below "
+                            'it. Fix vocab_size, or the token files (another tokenizer? the wrong '
+                            '"dtype"?)')
     return data
 
 
 # ---------------------------------------------------------------------------- files
 
 def atomic_write(path, write):
-    """write(f) to a temporary file, fsync, rename it to `path`: a crash leaves the old file or the new."""
+    """write(f) to a temporary file, fsync, rename it to `path`: a crash leaves the old file or the
+    new."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
@@ -294,7 +308,8 @@ def atomic_write(path, write):
         finally:
             os.close(fd)
     except OSError as e:
-        raise DataError(f"cannot write {path}: {e}. Free some disk space or choose a writable folder.") from e
+        raise DataError(f"cannot write {path}: {e}. Free some disk space or choose a writable "
+                        "folder.") from e
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
