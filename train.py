@@ -254,13 +254,13 @@ def loop(run, state):
             torch.manual_seed(derived_seed(cfg.seed, 'dropout', env.rank, it))
 
         loss, grad_norm, stop = train_step(run, batches)
-        if it == run.start_iter:  # compiled: from now on a lost process fails the job in minutes
-            set_timeout(env, cfg.step_timeout)
         reason = divergence(cfg, state, loss, grad_norm)
         if reason:
             break
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if it == run.start_iter:  # compiled: from now on a lost process fails the job in minutes
+            set_timeout(env, cfg.step_timeout)
 
         steps += 1
         if it % cfg.log_interval == 0 or it + 1 == cfg.max_iters:
