@@ -16,17 +16,9 @@ from tests.common import randomize, tiny
 from tests.test_train import records, run
 
 
-class DySoftsign(nn.Module):
-    """gamma * softsign(alpha x) + beta, softsign(u) = u / (1 + |u|): bounded like tanh, slower."""
-
-    def __init__(self, ndim, bias=False, eps=None, alpha0=0.5):
-        super().__init__()
-        self.alpha = nn.Parameter(torch.full((1,), float(alpha0)))
-        self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
-
-    def squashed(self, x):
-        return self.alpha * x
+class DySoftsign(model.DyT):
+    """gamma * softsign(alpha x) + beta, softsign(u) = u / (1 + |u|): bounded like tanh, slower. DyT's
+    parameters and squashed(x) (the README writes them out), its own cut and forward."""
 
     @staticmethod
     def cut(t):  # |softsign(u)| > tanh(t) where |u| > tanh(t) / (1 - tanh(t))
