@@ -14,8 +14,9 @@ COLLAPSE_AFTER = 200  # steps (or warmup's, if fewer) before it warns: the study
 
 
 @torch.no_grad()
-def evaluate(run, it):
-    """The eval record before step `it`, run by run.model (compiled where training is)."""
+def evaluate(run, it, **read):
+    """The eval record before step `it` (with `read`: the lr, what the steps have read), run by
+    run.model (compiled where training is)."""
     cfg, env, data, raw = run.cfg, run.env, run.data, run.raw
     splits = {'train': data.eval_ids['train'], 'val': data.eval_ids['val']}
     if cfg.paper_val:  # the study's val slice: windows redrawn at every eval
@@ -43,7 +44,7 @@ def evaluate(run, it):
     (train_loss, train_acc), (val_loss, val_acc) = result['train'], result['val']
     return {'event': 'eval', 'iter': it, 'train_loss': train_loss, 'val_loss': val_loss,
             'val_loss_paper': result['val_paper'][0], 'train_acc': train_acc, 'val_acc': val_acc,
-            'saturation': stats['saturation'], 'thresholds': stats['thresholds'],
+            **read, 'saturation': stats['saturation'], 'thresholds': stats['thresholds'],
             'norm_layers': layers, 'warnings': collapse_warnings(cfg, data, it, train_loss, layers)}
 
 

@@ -334,15 +334,14 @@ def eval_and_save(run, state):
     """The eval before step state.iter_num, the best kept, then the checkpoint (not at step 0: the
     seed rebuilds it). Returns (why the run must stop, or None; whether it saved)."""
     cfg, it = run.cfg, state.iter_num
-    ev = evaluate(run, it)
+    ev = evaluate(run, it, lr=get_lr(it, cfg), **seen(run, it))
     if not (math.isfinite(ev['train_loss']) and math.isfinite(ev['val_loss'])):
         why = f"non-finite eval loss at iter {it} (train {ev['train_loss']}, val {ev['val_loss']})"
         return why, False
     improved = ev['val_loss'] < state.best_val_loss
     if improved:
         state.best_val_loss, state.best_iter = ev['val_loss'], it
-    state.last_eval = dict(ev, lr=get_lr(it, cfg), **seen(run, it),
-                           best_val_loss=state.best_val_loss, best_iter=state.best_iter)
+    state.last_eval = dict(ev, best_val_loss=state.best_val_loss, best_iter=state.best_iter)
     log(run, state.last_eval)
     if run.env.master:
         sat = ''
