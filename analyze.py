@@ -199,7 +199,7 @@ def measurement_windows(model, ckpt, opts):
         raise SystemExit("analyze.py: the checkpoint names no dataset; pass --dataset=NAME")
     data_dir = opts["data_dir"] or (None if opts["dataset"] else cfg.get("data_dir"))
     block_size = opts["block_size"] or model.config.block_size
-    if block_size > model.config.block_size:
+    if block_size > model.config.block_size and "patch_size" not in ckpt["model_args"]:
         raise SystemExit(f"analyze.py: --block_size={block_size} exceeds the model's "
                          f"{model.config.block_size}")
     own = opts["train_tokens"] < 0  # the model's budget: its prefix, or its subset of documents
@@ -228,8 +228,9 @@ def analyze(path, command, opts):
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"analyze.py: {e}") from None
     want = SECTIONS[command]
-    res = dict(path=str(path), iter_num=ckpt.get("iter_num"), norm=model.config.norm,
-               dataset=ckpt.get("config", {}).get("dataset"), model_args=ckpt["model_args"])
+    res = dict(path=str(path), iter_num=ckpt.get("iter_num"),
+               dataset=ckpt.get("config", {}).get("dataset"), norm=model.config.norm,
+               model_args=ckpt["model_args"])
     if {"saturation", "alpha", "rank"} & set(want):
         res["dataset"], windows, tokens = measurement_windows(model, ckpt, opts)
         T = model.config.block_size if windows.dim() == 4 else windows.shape[1]  # images: patches
@@ -239,8 +240,8 @@ def analyze(path, command, opts):
         ns = fs["norm"]
     if "saturation" in want:
         at_2 = ns["saturation"][ns["thresholds"].index(HEADLINE_T)] if ns["saturation"] else None
-        res["saturation"] = dict(thresholds=ns["thresholds"], layers=ns["layers"],
-                                 **{"global": ns["saturation"], "global_at_2": at_2})
+        res["saturation"] = {"thresholds": ns["thresholds"], "global": ns["saturation"],
+                             "layers": ns["layers"], "global_at_2": at_2}
     if "alpha" in want:
         res["alpha"] = alpha_vs_std(ns)
     evals = {}

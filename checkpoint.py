@@ -67,7 +67,8 @@ def load_checkpoint(path, device='cpu', which='latest', language_model=False, ve
         check_crc(path)
     ckpt = read_checkpoint(path)
     if language_model and 'patch_size' in ckpt['model_args']:  # sample.py, annex/eval.py
-        raise ValueError(f"{path} holds a ViT, an image classifier: this needs a language model")
+        raise ValueError(f"{path} holds a ViT, an image classifier: this needs a language model "
+                         "(analyze.py reads both)")
     return load_weights(ckpt, path, device), ckpt
 
 

@@ -30,7 +30,7 @@ def check_train_config(cfg, world):
     except ValueError as e:
         raise SystemExit(f'error: {e}') from None
     cfg.dtype = precision(cfg.device, cfg.dtype)[0]
-    if cfg.backend is None:
+    if not cfg.backend:
         cfg.backend = 'nccl' if cfg.device.startswith('cuda') else 'gloo'
     if cfg.fsdp or cfg.fsdp_shard:
         annex('cluster', 'fsdp=True').check_sharding(cfg, world)
@@ -86,7 +86,7 @@ def precision(device, dtype=None):
     """(dtype, the context to run the model in): None = 'bfloat16' on a CUDA device that has it,
     else 'float32', which runs without autocast (on CUDA with TF32 matmuls)."""
     kind = torch.device(device).type
-    if dtype is None:
+    if not dtype:
         dtype = 'bfloat16' if kind == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
     if kind == 'cuda':
         torch.backends.cuda.matmul.allow_tf32 = True

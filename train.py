@@ -156,7 +156,11 @@ def train(cfg, env):
     samples = cfg.batch_size * cfg.gradient_accumulation_steps  # a step's, over every process
     parts = micro_batches(samples, env.world, env.rank, cfg.batch_size)
     memory = annex('memory')  # the memory plan, GPUs' peak FLOP/s (None: the annex is deleted)
-    if env.master and memory:  # before the model exists: said before it runs out of memory
+    if env.master:  # before the model exists: said before it runs out of memory
+        changed = [f'{k}={v!r}' for k, v in config.items() if v != DEFAULTS[k]]
+        print(f'config (all of it in {cfg.out_dir}/config.json): '
+              + (', '.join(changed) if changed else 'the defaults'))
+    if env.master and memory:
         memory.print_plan(model_args, cfg, env, max(count for _, count in parts))
     raw, model = build(cfg, env, model_args)  # the module, and what runs it
     betas = (cfg.beta1, cfg.beta2)
@@ -168,7 +172,7 @@ def train(cfg, env):
     sharded, peak = None, cfg.peak_flops
     if env.ddp and n_params > cfg.shard_checkpoints_above:
         sharded = annex('cluster', 'sharded checkpoints')
-    if peak is None and memory:
+    if not peak and memory:
         peak = memory.gpu_peak_flops(env.device, env.ptdtype)
     sampler = dict(seed=cfg.seed, train_tokens=data.n_train, block_size=cfg.block_size,
                    budget_docs=cfg.budget_docs, eval_seed=EVAL_SEED)  # the data order, crops
@@ -209,8 +213,6 @@ def build(cfg, env, model_args):
 
 def print_start(run, state, resume):
     cfg, data = run.cfg, run.data
-    changed = ', '.join(f'{k}={v!r}' for k, v in run.saved['config'].items() if v != DEFAULTS[k])
-    print(f'config (all of it in {cfg.out_dir}/config.json): {changed}')
     print(f'model: {run.raw.describe()}')
     print(f'global batch: {data.describe(run.samples)}/step ({run.env.world} process(es) x '
           f'{len(run.parts)} micro-batch(es) of <= {cfg.batch_size}); budget {data.n_train:,} '
@@ -227,11 +229,10 @@ def loop(run, state):
     run diverged, or None; whether a stop signal ended it)."""
     cfg, env, optimizer = run.cfg, run.env, run.optimizer
     batches = train_batches(run, state.iter_num)
-    t0, t_log, steps, timed = time.time() - state.wall_time_s, time.time(), 0, False
-    stop, reason = False, None
+    run.t0 = time.time() - state.wall_time_s  # the run's clock, across resumes: saves read it
+    t_log, steps, timed, stop, reason = time.time(), 0, False, False, None
     while True:
         it, saved = state.iter_num, False
-        state.wall_time_s = time.time() - t0
         every = cfg.eval_interval
         if it < cfg.warmup_iters and cfg.eval_interval_warmup:
             every = cfg.eval_interval_warmup
@@ -267,7 +268,7 @@ def loop(run, state):
             log_step(run, it, loss, lr, grad_norm, (time.time() - t_log) / steps if timed else None)
             t_log, steps, timed = time.time(), 0, True  # the first interval compiles: not timed
         state.iter_num += 1
-    state.wall_time_s = time.time() - t0
+    state.wall_time_s = time.time() - run.t0
     return reason, stop
 
 
@@ -348,8 +349,8 @@ def eval_and_save(run, state):
         if ev['saturation']:
             sat = f", saturation@2.0 {ev['saturation'][norm_stats.AT_2]:.3f}"
         print(f"step {it}: train loss {ev['train_loss']:.4f}, val loss {ev['val_loss']:.4f} (best "
-              f"{state.best_val_loss:.4f} @ {state.best_iter}), val acc {ev['val_acc']:.2%}, "
-              f"epochs {state.last_eval['epochs']:.2f}{sat}",
+              f"{state.best_val_loss:.4f} @ {state.best_iter}), train acc {ev['train_acc']:.2%}, "
+              f"val acc {ev['val_acc']:.2%}, epochs {state.last_eval['epochs']:.2f}{sat}",
               *(f'  warning: {w}' for w in ev['warnings']), sep='\n')
     wanted = (cfg.always_save_checkpoint or improved) and it > 0  # step 0: the seed rebuilds it
     if cfg.eval_only or not (wanted or it >= cfg.max_iters):
@@ -362,6 +363,7 @@ def save(run, state, best=False):
     """ckpt.pt or ckpt.dcp/ (and best), to resume at state.iter_num. Every process calls it; rank 0
     may write 45 GB while the others wait."""
     set_timeout(run.env, LONG_TIMEOUT)
+    state.wall_time_s = time.time() - run.t0
     save_run(run.raw, run.optimizer, dict(run.saved, **asdict(state)), run.cfg.out_dir, run.env,
              best, run.sharded)
     set_timeout(run.env, run.cfg.step_timeout if state.iter_num > run.start_iter else LONG_TIMEOUT)

@@ -40,7 +40,7 @@ bias = False
 batch_size = 8
 steps = 10  # timed steps of each variant; their median is reported
 warmup = 3  # untimed steps first; with compile=True they include the compilation
-device: str | None = None  # None = cuda if available, else mps, else cpu (configurator.pick_device)
+device: str | None = None  # None = cuda if available, else mps, else cpu (distributed.pick_device)
 dtype: str | None = None  # 'float32' or 'bfloat16' (autocast); None = bfloat16 on CUDA when supported
 compile = False  # torch.compile each model before timing
 # True: the study's ViT (6 layers, 4 heads, width 256, 4x4 patches of 32x32 images) per norm instead
