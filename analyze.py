@@ -1,21 +1,17 @@
 """
-Measure what the study's explanation rests on (Verma 2026; docs/analysis.md), side by side:
-  saturation  the fraction of |f| > tanh(t), f = tanh(alpha x) or erf(alpha x + s) (DyT: |alpha x|
-              > t), t = 0.5..3.0, per point-wise norm layer and pooled, on the first of train.py's
-              train eval windows; every norm layer's input std
-  spectra     HTSR of every 2-D weight: the power-law alpha of the eigenvalues of W^T W (Clauset's
-              fit, as WeightWatcher's), xmin, KS distance D, tail size, lambda_max, alpha_weighted,
-              stable rank
-  rank        effective rank (Roy & Vetterli) of each block's output (B*T, D), not centred, and of
-              each weight
+Measure what the study's explanation rests on (Verma 2026; docs/analysis.md), runs side by side:
+  saturation  the fraction of |f| > tanh(t) per point-wise norm layer (DyT: |alpha x| > t), on the
+              first of train.py's train eval windows; every norm layer's input std
+  spectra     HTSR of every 2-D weight: the power-law alpha of the eigenvalues of W^T W
+              (WeightWatcher's fit), lambda_max, alpha_weighted, stable rank
+  rank        effective rank (Roy & Vetterli) of each block's output and of each weight
   alpha       the learned DyT/Derf alpha against 1/std of the layer's input; their Pearson r
   all         everything, with one forward pass and one eigendecomposition per matrix
 
   python analyze.py saturation out-dyt                     # a directory means its ckpt.pt
   python analyze.py all out-ln out-dyt --ckpt=best --json=cmp.json --plot=figs
-
-Options (--help): ckpt (latest|best), train_tokens (-1 = the model's budget, 0 = all), block_size
-(0 = the model's), max_n (skip weights with a longer side), json=FILE (docs/analysis.md), plot=DIR.
+Options: train_tokens (-1 = the model's budget, 0 = all), block_size (0 = the model's), max_n
+(skip weights with a longer side), json=FILE (docs/analysis.md), plot=DIR.
 """
 import difflib
 import math
@@ -33,7 +29,7 @@ from data.common import DataError, data_budget, load_meta, load_split, random_wi
 from distributed import pick_device
 
 SECTIONS = dict(saturation=("saturation",), spectra=("spectra",), rank=("rank",), alpha=("alpha",),
-                all=("saturation", "spectra", "rank", "alpha"))  # each command's
+                all=("saturation", "spectra", "rank", "alpha"))
 DEFAULTS = dict(ckpt="latest", windows=50, seed=1337, block_size=0, batch_size=10, device="auto",
                 min_evals=50, max_evals=5000, max_n=50000, dataset="", data_dir="",
                 train_tokens=-1, json="", plot="")
@@ -44,11 +40,8 @@ EVALS_THRESH = 1e-5  # as WeightWatcher: eigenvalues at or below this count as z
 # ------------------------------------------------------------------------------ the math
 
 def fit_powerlaw(evals):
-    """Continuous power-law fit of an ESD's tail (Clauset, Shalizi & Newman 2009), as
-    WeightWatcher's default fit: every eigenvalue but the largest is a candidate xmin; alpha = 1
-    + n / sum ln(l_i / xmin) over the n eigenvalues l_i >= xmin; D = max |fitted CDF - empirical
-    CDF| over that tail, the empirical CDF at its k-th point (k from 0) being k/n; the xmin with
-    the smallest D wins."""
+    """WeightWatcher's power-law fit of an ESD's tail (Clauset et al. 2009): the xmin of least KS
+    distance D, the empirical CDF at the k-th of n points being k/n."""
     x = np.sort(np.asarray(evals, dtype=np.float64))
     x = x[x > EVALS_THRESH]
     N = len(x)
@@ -88,8 +81,7 @@ def float64_device(device):  # where float64 work is done: on the device, but fo
 
 
 def eigenvalues(mats):
-    """Eigenvalues of each W^T W (float64, ascending): eigvalsh of the Gram matrix on the short
-    side, ~10x faster than an SVD on CPU, to ~1e-16 of lambda_max; one batched call per shape."""
+    """W^T W's eigenvalues (ascending): eigvalsh of the short side's Gram, ~10x an SVD's speed."""
     groups, out = {}, {}
     for name, W in mats.items():
         groups.setdefault(tuple(W.shape), []).append(name)
@@ -127,7 +119,7 @@ def spectra(mats, evals, skipped):
 # ------------------------------------------------------------------------------ model measurements
 
 def weight_matrices(model, min_evals, max_evals, max_n):
-    """Every 2-D weight (the tied lm_head once), filtered as WeightWatcher's min/max_evals, max_N."""
+    """The 2-D weights (a tied one once), filtered as WeightWatcher's min/max_evals and max_N."""
     keep, skipped = {}, {}
     for name, p in model.named_parameters():
         if p.dim() != 2:
@@ -151,18 +143,15 @@ def sample_windows(data, count, block_size, seed):  # the first tokens of train.
 
 @torch.no_grad()
 def forward_stats(model, windows, batch_size=10, block_ranks=False):
-    """Windows (token ids, a ViT's images) through the model: norm_stats.read's figures and, with
-    block_ranks, the effective rank of each block's output as (B*T, D)."""
+    """norm_stats.read's figures of the windows and, with block_ranks, each block output's erank."""
     device = next(model.parameters()).device
-    grams = {}  # block i -> the sum of A^T A in float64: A's singular values without keeping A
+    grams = {}  # block -> the sum of A^T A in float64: A's singular values without keeping A
 
-    def hook(i):
-        def accumulate(module, inputs, out):
-            a = out.reshape(-1, out.shape[-1]).to(float64_device(device)).double()
-            grams[i] = grams.get(i, 0) + a.T @ a
-        return accumulate
+    def accumulate(block, inputs, out):
+        a = out.reshape(-1, out.shape[-1]).to(float64_device(device)).double()
+        grams[block] = grams.get(block, 0) + a.T @ a
     blocks = model.transformer.h if block_ranks else []
-    handles = [block.register_forward_hook(hook(i)) for i, block in enumerate(blocks)]
+    handles = [block.register_forward_hook(accumulate) for block in blocks]
     was_training = model.training
     model.eval()
     norm_stats.record(model)
@@ -175,8 +164,8 @@ def forward_stats(model, windows, batch_size=10, block_ranks=False):
         model.train(was_training)
         for h in handles:
             h.remove()
-    ranks = [effective_rank(torch.linalg.eigvalsh(grams[i]).clamp(min=0).sqrt().cpu().numpy())
-             for i in sorted(grams)]
+    ranks = [effective_rank(torch.linalg.eigvalsh(g).clamp(min=0).sqrt().cpu().numpy())
+             for g in grams.values()]  # in the blocks' order, the order they ran in
     return dict(norm=stats, block_ranks=ranks or None)
 
 
@@ -191,8 +180,7 @@ def alpha_vs_std(stats):
 
 
 def measurement_windows(model, ckpt, opts):
-    """(dataset, windows, tokens): train.py's first train eval windows (a ViT's images), in the
-    checkpoint's data budget unless --train_tokens says otherwise."""
+    """(dataset, windows, tokens): the first of train.py's train eval windows, in its budget."""
     cfg = ckpt.get("config", {})
     dataset = opts["dataset"] or cfg.get("dataset")
     if not dataset:
@@ -244,7 +232,6 @@ def analyze(path, command, opts):
                              "layers": ns["layers"], "global_at_2": at_2}
     if "alpha" in want:
         res["alpha"] = alpha_vs_std(ns)
-    evals = {}
     if "spectra" in want or "rank" in want:
         mats, skipped = weight_matrices(model, opts["min_evals"], opts["max_evals"], opts["max_n"])
         evals = eigenvalues(mats)
@@ -264,22 +251,21 @@ def fmt(v, spec=".4g"):
 
 
 def print_table(title, labels, rows, fields=("",)):
-    """rows: (name, [cell per checkpoint]), the checkpoints side by side. With fields, a cell is a
-    tuple of one string per field: each checkpoint's column splits into right-aligned
-    sub-columns."""
-    if fields == ("",):  # one string per checkpoint
+    """rows: (name, [cell per checkpoint]); with fields, a cell is a string per sub-column."""
+    if any(fields):  # their names over the sub-columns
+        rows = [("", [fields] * len(labels))] + rows
+    else:  # one string per checkpoint
         rows = [(name, [(c,) for c in cells]) for name, cells in rows]
-    w0 = max([len(r[0]) for r in rows] + [8])
-    ws = [[max([len(f)] + [len(r[1][k][j]) for r in rows]) for j, f in enumerate(fields)]
-          for k in range(len(labels))]
-    for w, lab in zip(ws, labels):  # a label wider than its sub-columns widens the first one
-        w[0] += max(0, len(lab) - sum(w) - 2 * (len(w) - 1))
-    lines = [[lab.rjust(sum(w) + 2 * (len(w) - 1)) for lab, w in zip(labels, ws)]]
-    if any(fields):
-        lines.append([sub_columns(fields, w) for w in ws])
+    columns = []
+    for k, lab in enumerate(labels):  # a checkpoint's label over its cells, right-aligned
+        cells = [r[1][k] for r in rows]
+        ws = [max([len(f)] + [len(c[j]) for c in cells]) for j, f in enumerate(fields)]
+        col = [lab] + [sub_columns(c, ws) for c in cells]
+        width = max(map(len, col))
+        columns.append([s.rjust(width) for s in col])
+    w0 = max([len(name) for name, _ in rows] + [8])
     print(f"\n{title}")
-    for name, groups in [("", g) for g in lines] + [
-            (name, [sub_columns(cell, w) for cell, w in zip(cells, ws)]) for name, cells in rows]:
+    for name, *groups in zip([""] + [name for name, _ in rows], *columns):
         print("    ".join([name.ljust(w0)] + groups).rstrip())
 
 
@@ -287,29 +273,34 @@ def sub_columns(cell, widths):
     return "  ".join(c.rjust(w) for c, w in zip(cell, widths))
 
 
-def rows_by_name(results, section, key, cell, missing="-"):
-    """One row per layer name (over every checkpoint, first-seen order); `missing` where one lacks
-    it."""
-    names = list(dict.fromkeys(n for r in results if section in r for n in r[section][key]))
-    return [(n, [cell(r[section][key][n]) if section in r and n in r[section][key] else missing
-                 for r in results]) for n in names]
+def rows_by_name(tables, cell, missing="-"):
+    """One row per name in any checkpoint's {name: value}; `missing` where one lacks it."""
+    names = dict.fromkeys(n for t in tables for n in t)
+    return [(n, [cell(t[n]) if n in t else missing for t in tables]) for n in names]
 
 
 def report(results, labels):
     """The tables of each section the command measured, the checkpoints side by side."""
     first = results[0]
     if "saturation" in first:
-        notes = [f"{lab}: no DyT/Derf layer: saturation is defined for point-wise norm layers "
-                 "only; input std per layer follows" for lab, r in zip(labels, results)
-                 if r["saturation"]["global"] is None]
-        print_notes(notes)
-        if len(notes) < len(results):
-            print_saturation(results, labels)
+        sat, w = [r["saturation"] for r in results], first["windows"]
+        lacking = [s["global"] is None for s in sat]
+        print_notes(labels, lacking, "saturation", "; input std per layer follows")
+        if not all(lacking):
+            th = sat[0]["thresholds"]
+            at_t = th.index(HEADLINE_T)
+            rows = [(f"global t={t:g}", [fmt(s["global"][i], ".3f") if s["global"] else "-"
+                                         for s in sat]) for i, t in enumerate(th)]
+            rows += rows_by_name([s["layers"] for s in sat], lambda l: fmt(
+                l["saturation"][at_t], ".3f") if l["saturation"] else "-")
+            print_table(f"saturation: fraction of |alpha*x| > t, Derf's |erf| > tanh(t) (layers at "
+                        f"t={HEADLINE_T:g}); {w['count']} train windows of {w['block_size']} "
+                        f"tokens, seed {w['seed']}", labels, rows)
         print_table("input std per norm layer", labels,
-                    rows_by_name(results, "saturation", "layers", lambda l: fmt(l["input_std"])))
+                    rows_by_name([s["layers"] for s in sat], lambda l: fmt(l["input_std"])))
     if "spectra" in first:
         sp = [r["spectra"] for r in results]
-        rows = rows_by_name(results, "spectra", "layers", lambda l: (
+        rows = rows_by_name([s["layers"] for s in sp], lambda l: (
             f"{l['alpha']:.2f}", f"{l['alpha_weighted']:.2f}", f"{l['stable_rank']:.1f}"),
             missing=("-",) * 3)
         rows += [("mean", [(fmt(s["mean_alpha"], ".2f"), fmt(s["mean_alpha_weighted"], ".2f"),
@@ -323,38 +314,27 @@ def report(results, labels):
                     fields=("alpha", "alpha_w", "stable_rank"))
     if "rank" in first:
         rk = [r["rank"] for r in results]
-        depth = max(len(k["blocks"]) for k in rk)
-        rows = [(f"block {i} output", [fmt(k["blocks"][i], ".1f") if i < len(k["blocks"]) else "-"
-                                       for k in rk]) for i in range(depth)]
+        blocks = [{f"block {i} output": v for i, v in enumerate(k["blocks"])} for k in rk]
+        rows = rows_by_name(blocks, lambda v: fmt(v, ".1f"))
         rows += [("mean over blocks", [fmt(k["mean_blocks"], ".1f") for k in rk])]
-        rows += rows_by_name(results, "rank", "weights", lambda v: fmt(v, ".1f"))
+        rows += rows_by_name([k["weights"] for k in rk], lambda v: fmt(v, ".1f"))
         rows += [("mean over weights", [fmt(k["mean_weights"], ".1f") for k in rk])]
         print_table("effective rank (Roy & Vetterli) of activations and weights", labels, rows)
     if "alpha" in first:
-        print_notes([f"{lab}: no DyT/Derf layer: alpha is defined for point-wise norm layers only"
-                     for lab, r in zip(labels, results) if not r["alpha"]["layers"]])
-        if any(r["alpha"]["layers"] for r in results):
-            rows = rows_by_name(results, "alpha", "layers", lambda l: (
+        al = [r["alpha"] for r in results]
+        lacking = [not a["layers"] for a in al]
+        print_notes(labels, lacking, "alpha")
+        if not all(lacking):
+            rows = rows_by_name([a["layers"] for a in al], lambda l: (
                 f"{l['alpha']:.3f}", f"{l['inv_std']:.3f}"), missing=("-", "-"))
-            rows += [("pearson r", [(fmt(r["alpha"]["pearson"], ".3f"), "") for r in results])]
+            rows += [("pearson r", [(fmt(a["pearson"], ".3f"), "") for a in al])]
             print_table("DyT/Derf learned alpha against 1 / input std", labels, rows,
                         fields=("alpha", "1/std"))
 
 
-def print_saturation(results, labels):
-    sat, w = [r["saturation"] for r in results], results[0]["windows"]
-    th = sat[0]["thresholds"]
-    rows = [(f"global t={t:g}", [fmt(s["global"][i], ".3f") if s["global"] else "-" for s in sat])
-            for i, t in enumerate(th)]
-    at_t = th.index(HEADLINE_T)
-    rows += rows_by_name(results, "saturation", "layers",
-                         lambda l: fmt(l["saturation"][at_t], ".3f") if l["saturation"] else "-")
-    print_table(f"saturation: fraction of |alpha*x| > t, Derf's |erf| > tanh(t) (layers at t="
-                f"{HEADLINE_T:g}); {w['count']} train windows of {w['block_size']} tokens, seed "
-                f"{w['seed']}", labels, rows)
-
-
-def print_notes(notes):
+def print_notes(labels, lacking, measure, then=""):  # for the checkpoints without such a layer
+    notes = [f"{lab}: no DyT/Derf layer: {measure} is defined for point-wise norm layers only{then}"
+             for lab, no in zip(labels, lacking) if no]
     if notes:
         print("\n" + "\n".join(notes))
 
@@ -397,10 +377,9 @@ def main(argv):
     results = [dict(label=lab, **r) for lab, (r, _) in zip(labels, out)]
     report(results, labels)
     if opts["json"]:
-        doc = dict(schema="nanonorm-analysis/1", command=command, settings=opts,
-                   checkpoints=results)
         os.makedirs(os.path.dirname(os.path.abspath(opts["json"])), exist_ok=True)
-        write_json(opts["json"], doc)
+        write_json(opts["json"], dict(schema="nanonorm-analysis/1", command=command, settings=opts,
+                                      checkpoints=results))
         print(f"\nwrote {opts['json']}")
     if plots:
         plots.analysis_plots(results, labels, [e for _, e in out], opts["plot"])

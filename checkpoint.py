@@ -1,8 +1,7 @@
 """
-Checkpoints, one torch.save file each: 'model' and 'model_args', and from train.py 'optimizer',
-'config', 'tokenizer', 'sampler' and the loop state (LoopState). Every script loads them here, CRC-32s
-checked first; train.py writes them (gathered from FSDP shards too) and resumes from them. Sharded
-checkpoints (ckpt.dcp/, of a big multi-process run) are annex/cluster.py's.
+Checkpoints, one torch.save file each: 'model', 'model_args' and from train.py 'optimizer', 'config',
+'tokenizer', 'sampler' and the loop state (LoopState). Every script loads them here, CRC-32s checked
+first; train.py writes and resumes them. Sharded ones (ckpt.dcp/) are annex/cluster.py's.
 """
 import os
 import pickle
@@ -29,7 +28,7 @@ COPY_AGAIN = "Copy it again, or use the run's other checkpoint (ckpt.pt / best.p
 
 @dataclass
 class LoopState:
-    """train.py's loop, as a checkpoint holds it (field by field) and summary.json reports it."""
+    """train.py's loop, as a checkpoint holds it, field by field."""
     iter_num: int = 0  # the next step
     best_val_loss: float = float('inf')
     best_iter: int | None = None
@@ -48,19 +47,21 @@ class LoopState:
 def checkpoint_file(path, which='latest'):
     """A file as it is, or a run directory's ckpt.pt ('latest', every eval) or best.pt ('best')."""
     if which not in CHECKPOINTS:
-        raise ValueError(f"--ckpt={which} is not a checkpoint choice; use latest (ckpt.pt) or best (best.pt)")
+        raise ValueError(f"--ckpt={which} is not a checkpoint choice; use latest (ckpt.pt) or best "
+                         "(best.pt)")
     return os.path.join(path, CHECKPOINTS[which]) if os.path.isdir(path) else str(path)
 
 
 def load_checkpoint(path, device='cpu', which='latest', language_model=False, verify=True):
-    """(model in eval mode, checkpoint dict) of a train.py or nanoGPT checkpoint. verify: CRC-32s
-    checked (torch.load does not). device='meta' checks keys and shapes without copying the
-    weights."""
+    """(model in eval mode, checkpoint dict) of a train.py or nanoGPT checkpoint, CRC-32s verified
+    (torch.load does not). device='meta' checks keys and shapes, copying no weights."""
     path = checkpoint_file(path, which)
     if not os.path.isfile(path):
         how = "give a run's out_dir or its ckpt.pt / best.pt (train one with `python train.py`)"
-        if os.path.isdir(os.path.join(os.path.dirname(path), SHARDED[which])):
-            how = f"export it first: python annex/cluster.py export {os.path.dirname(path)} --which={which}"
+        folder = os.path.dirname(path)
+        for kind, name in CHECKPOINTS.items():  # the file asked for, by its name, may be in shards
+            if os.path.basename(path) == name and os.path.isdir(os.path.join(folder, SHARDED[kind])):
+                how = f"export it first: python annex/cluster.py export {folder} --which={kind}"
         raise FileNotFoundError(f"no checkpoint at {path}: {how}")
     device = pick_device(device)
     if verify:
@@ -81,8 +82,8 @@ def check_crc(path):  # not an archive: read_checkpoint says so
     except (zipfile.BadZipFile, OSError, EOFError) as e:
         damaged = f'({type(e).__name__}: {e})'
     if damaged:
-        raise ValueError(f"checkpoint {path} is damaged: {damaged} fails its CRC-32 check (bytes changed "
-                         f"on disk or in a copy). {COPY_AGAIN}")
+        raise ValueError(f"checkpoint {path} is damaged: {damaged} fails its CRC-32 check (bytes "
+                         f"changed on disk or in a copy). {COPY_AGAIN}")
 
 
 def read_checkpoint(path):
@@ -93,12 +94,13 @@ def read_checkpoint(path):
         if not zipfile.is_zipfile(path):
             why = 'it is not a complete checkpoint archive (cut short by a copy or a full disk?)'
         elif isinstance(e, pickle.UnpicklingError):
-            why = 'it holds objects other than tensors and plain values; it was not written by train.py'
+            why = 'it holds objects other than tensors and plain values: not written by train.py'
         raise ValueError(f"cannot read checkpoint {path}: {why}. {COPY_AGAIN}") from None
     if not isinstance(ckpt, dict) or 'model' not in ckpt or 'model_args' not in ckpt:
-        raise ValueError(f"{path} is not a training checkpoint: it needs 'model' and 'model_args' entries")
+        raise ValueError(f"{path} is not a training checkpoint: it needs 'model' and 'model_args'")
     # without the prefixes that torch.compile ('_orig_mod.') and DDP ('module.') add
-    ckpt['model'] = {re.sub(r'^((_orig_mod|module)\.)+', '', k): v for k, v in ckpt['model'].items()}
+    ckpt['model'] = {re.sub(r'^((_orig_mod|module)\.)+', '', k): v
+                     for k, v in ckpt['model'].items()}
     moments = ckpt.get('optimizer', {}).get('state', {}).get('embed_scale', {})
     for state in (ckpt['model'], moments):  # older 0-dim embed_scale: FSDP2 shards no 0-dim tensor
         state.update({k: v.reshape(1) for k, v in state.items()
@@ -107,13 +109,13 @@ def read_checkpoint(path):
 
 
 def load_weights(ckpt, path, device):
-    """The model of ckpt's model_args with its weights, built on `device` (no copy on the CPU
-    first)."""
+    """The model of ckpt's model_args with its weights, built on `device` (no CPU copy first)."""
     try:
         with torch.device(device):
             model = build_model(ckpt['model_args'])
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{path}: its model_args describe no model this version builds: {e}") from None
+        raise ValueError(f"{path}: its model_args describe no model this version builds: {e}") \
+            from None
     state = {k: v.to('meta') if device == 'meta' else v for k, v in ckpt['model'].items()
              if not k.endswith('.attn.bias')}  # old nanoGPT checkpoints also saved the causal mask
     mismatch = f"{path}: the weights do not match its model_args (another architecture?):"
@@ -140,11 +142,10 @@ def few(items, n=3):
     return ', '.join(items[:n]) + more if items else 'none'
 
 
-# --------------------------------------------------------------------------------------------------
-# train.py's: writing and resuming
+# ------------------------------------------------------------------- train.py's: writing, resuming
 
 def training_state(model, optimizer, **fields):
-    """The whole model and optimizer state, gathered from FSDP shards into CPU memory, and `fields`."""
+    """The whole model and optimizer state (gathered from FSDP shards) in CPU memory, and `fields`."""
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights = get_model_state_dict(model, options=full)
     if 'lm_head.weight' in weights:  # tied to the token embedding, but gathered as two copies
@@ -154,7 +155,7 @@ def training_state(model, optimizer, **fields):
 
 
 def save_checkpoint(state, out_dir, best=False):
-    """out_dir/ckpt.pt, written atomically, and with best best.pt: a hard link to it (or a copy)."""
+    """out_dir/ckpt.pt, written atomically; with best, best.pt: a hard link to it (or a copy)."""
     path = os.path.join(out_dir, CHECKPOINTS['latest'])
     atomic_write(path, lambda f: torch.save(state, f))
     if best:
@@ -169,9 +170,8 @@ def save_checkpoint(state, out_dir, best=False):
 
 
 def save_run(model, optimizer, fields, out_dir, env, best=False, sharded=None):
-    """train.py's checkpoint, by every process: ckpt.pt from rank 0, or ckpt.dcp/ (`sharded`:
-    annex/cluster.py) from all. A failure anywhere ends every process at once: none waits an
-    hour."""
+    """ckpt.pt from rank 0, or ckpt.dcp/ (annex/cluster.py) from all. A failure anywhere ends every
+    process at once: none waits an hour."""
     error = None
     try:
         if sharded:
@@ -189,8 +189,8 @@ def save_run(model, optimizer, fields, out_dir, env, best=False, sharded=None):
 
 
 def read_resume_checkpoint(cfg, model_args, n_train, master):
-    """The checkpoint to resume from (a sharded one first, without its weights), checked against the
-    config by every process (on 'meta': no copy; CRC-32s by rank 0)."""
+    """The checkpoint to resume from (a sharded one's fields only), checked against the config by
+    every process (on 'meta': no copy; CRC-32s by rank 0)."""
     path = folder = os.path.join(cfg.out_dir, SHARDED['latest'])
     try:
         if os.path.isdir(folder):
@@ -200,25 +200,26 @@ def read_resume_checkpoint(cfg, model_args, n_train, master):
             _, ckpt = load_checkpoint(path, device='meta', verify=master)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"error: init_from='resume': {e}") from None
-    missing = [k for k in ('config', 'iter_num', 'best_val_loss', 'best_iter', 'last_eval', 'sampler',
-                           'sharded' if 'sharded' in ckpt else 'optimizer') if k not in ckpt]
+    need = ('config', 'iter_num', 'best_val_loss', 'best_iter', 'last_eval', 'sampler',
+            'sharded' if 'sharded' in ckpt else 'optimizer')
+    missing = [k for k in need if k not in ckpt]
     if missing:
-        raise SystemExit(f"error: {path} lacks {', '.join(missing)}: not written by this train.py, it "
-                         "cannot be resumed exactly; start a new run in a new out_dir")
+        raise SystemExit(f"error: {path} lacks {', '.join(missing)}: not written by this train.py, "
+                         "it cannot be resumed exactly; start a new run in a new out_dir")
     old = ckpt['model_args']
     changed = [f'{k} (checkpoint {old.get(k)!r}, config {v!r})' for k, v in model_args.items()
                if old.get(k) != v and k != 'dropout']
     if changed:
         raise SystemExit('error: the config changes the architecture of the run being resumed: '
-                         + ', '.join(changed) + ". Keep the checkpoint's values or use a new out_dir.")
+                         + ', '.join(changed) + ". Keep the checkpoint's values, or a new out_dir.")
     s = ckpt['sampler']
     if master and old.get('dropout') != cfg.dropout:
         print(f"note: dropout changes from {old.get('dropout')} to {cfg.dropout}")
     if master and ckpt['config'].get('dataset') != cfg.dataset:
         print(f"warning: resuming a run trained on dataset {ckpt['config'].get('dataset')!r} with "
               f"dataset {cfg.dataset!r}")
-    if master and (s['seed'], s['train_tokens'], s.get('budget_docs')) != (cfg.seed, n_train,
-                                                                           cfg.budget_docs):
+    order = (cfg.seed, n_train, cfg.budget_docs)
+    if master and (s['seed'], s['train_tokens'], s.get('budget_docs')) != order:
         print(f"warning: resuming with seed/train_tokens/budget_docs {cfg.seed}/{n_train:,}/"
               f"{cfg.budget_docs} where the checkpoint has {s['seed']}/{s['train_tokens']:,}/"
               f"{s.get('budget_docs')}: the data order changes")
@@ -231,13 +232,13 @@ def has_ended(cfg, state, master):  # the run being resumed: max_iters reached, 
     if not os.path.exists(os.path.join(cfg.out_dir, 'summary.json')):
         return False
     if master:
-        print(f'{cfg.out_dir} is already at max_iters={cfg.max_iters} (iter {state.iter_num}): nothing '
-              'to do; raise --max_iters to continue')
+        print(f'{cfg.out_dir} is already at max_iters={cfg.max_iters} (iter {state.iter_num}): '
+              'nothing to do; raise --max_iters to continue')
     return True
 
 
 def load_training_state(raw, optimizer, ckpt, env):
-    """A resumed run's weights and AdamW state: rank 0's, broadcast; a sharded one's, each its part."""
+    """A resumed run's weights and AdamW state: rank 0's, broadcast (a sharded one's: each part)."""
     if 'sharded' in ckpt:
         annex('cluster').load_sharded(raw, optimizer, ckpt['sharded'], env)
         return
@@ -248,8 +249,8 @@ def load_training_state(raw, optimizer, ckpt, env):
 
 
 def clear_stale(out_dir):
-    """What an interrupted save left (its name changes with each requeue): ckpt.pt.tmp<pid>,
-    *.dcp.tmp/ removed; a sharded checkpoint caught between its two renames put back."""
+    """What an interrupted save left (ckpt.pt.tmp<pid>, *.dcp.tmp/) removed; a sharded checkpoint
+    caught between its two renames put back."""
     for name in os.listdir(out_dir) if os.path.isdir(out_dir) else []:
         path = os.path.join(out_dir, name)
         if re.fullmatch(r'(ckpt|best)\.(pt\.tmp\d+|dcp\.tmp)', name):

@@ -1,10 +1,7 @@
-"""
-nanoGPT's configuration convention, for every script: `python train.py config/gpt2_64m_dyt.py --seed=42`.
-The script's defaults, then each config file (Python run on top of them; names starting with '_',
-modules and functions are not keys), then each --key=value, read as a Python literal (a bare word, and
-any value of a string key, stays a string). Unknown keys and wrong types are errors that name the
-closest keys; --help lists them. And annex(): the annex an option needs, or an error naming its file.
-"""
+"""nanoGPT's config convention, for every script: `python train.py config/gpt2_64m_dyt.py --seed=42`
+takes the script's defaults, then each config file (Python run on top), then each --key=value as a
+Python literal (a bare word, and any value of a string key, stays a string). Unknown keys and wrong
+types are errors naming the closest keys; annex() finds an annex, or says which file is missing."""
 import ast
 import difflib
 import importlib
@@ -16,24 +13,20 @@ import types
 PLAIN = (int, float, bool, str, type(None))
 
 
-def config_keys(namespace):
-    """(defaults, types): a script's lower-case plain globals; one annotated `T | None` takes T or
-    None."""
+def config_keys(namespace):  # (defaults, optional types): a script's lower-case plain globals
     defaults = {k: v for k, v in namespace.items()
                 if not k.startswith('_') and not k.isupper() and isinstance(v, PLAIN)}
     hints = inspect.get_annotations(sys.modules[namespace['__name__']])
-    return defaults, {k: next(t for t in hint.__args__ if t is not type(None))
-                      for k, hint in hints.items() if isinstance(hint, types.UnionType) and k in defaults}
+    return defaults, {k: next(t for t in h.__args__ if t is not type(None))
+                      for k, h in hints.items() if isinstance(h, types.UnionType) and k in defaults}
 
 
 def run_config_file(path, namespace=None, what='config file'):
-    """The names a Python config file leaves, run on top of a copy of `namespace`."""
+    """The names a config file leaves, run on top of a copy of `namespace`."""
     if not os.path.isfile(path):
         folder = os.path.dirname(path)
-        names = []
-        if os.path.isdir(folder or '.'):
-            names = [os.path.join(folder, f) for f in os.listdir(folder or '.')]
-        close = difflib.get_close_matches(path, names, n=3, cutoff=0.6)
+        files = os.listdir(folder or '.') if os.path.isdir(folder or '.') else []
+        close = difflib.get_close_matches(path, [os.path.join(folder, f) for f in files])
         hint = f"; did you mean {' or '.join(close)}?" if close else ''
         raise SystemExit(f"error: {what} '{path}' not found{hint}")
     namespace = dict(namespace or {})
@@ -49,31 +42,30 @@ def split_args(argv):  # (positional arguments, --key=value options)
 def checked(key, value, defaults, optional_types, source, text=None):
     """value if key takes it (the default's type; an int does for a float), else an error."""
     if key not in defaults:
-        close = difflib.get_close_matches(key, list(defaults), n=3, cutoff=0.6)
+        close = difflib.get_close_matches(key, defaults)
         hint = f"; did you mean {' or '.join(close)}?" if close else "; --help lists the keys"
-        if not source.startswith('--'):  # a config file's own helper variable
-            hint += f" (a config file's own variables must start with '_', e.g. _{key}: they are ignored)"
+        if not source.startswith('--'):
+            hint += f" (a config file's helpers must start with '_', e.g. _{key}, to be ignored)"
         raise SystemExit(f"error: unknown config key '{key}' (from {source}){hint}")
     nullable = key in optional_types or defaults[key] is None
     want = optional_types.get(key, None if defaults[key] is None else type(defaults[key]))
     if want is str and text is not None and not isinstance(value, (str, type(None))):
         return text  # --wandb_run_name=2024 means the name '2024', not a number
-    if value is None and nullable:
+    if want is None or type(value) is want or (value is None and nullable):
         return value
     if want is float and type(value) is int:
         return float(value)
-    if want is not None and type(value) is not want:
-        either = ' or None' if nullable else ''
-        raise SystemExit(f"error: config key '{key}' (from {source}) must be {want.__name__}{either}, got "
-                         f"{value!r} ({type(value).__name__})")
-    return value
+    either = ' or None' if nullable else ''
+    raise SystemExit(f"error: config key '{key}' (from {source}) must be {want.__name__}{either}, "
+                     f"got {value!r} ({type(value).__name__})")
 
 
 def configure(defaults, argv, optional_types=None, doc=None):
-    """A new dict: defaults <- config files <- --key=value, each value checked; --help prints doc."""
+    """A new dict of the checked values; --help prints doc and the defaults."""
     optional_types = optional_types or {}
     if '--help' in argv or '-h' in argv:
-        print((doc or '').strip() + '\n\nkeys and defaults (override with config files and --key=value):')
+        print((doc or '').strip())
+        print('\nkeys and defaults (override with config files and --key=value):')
         print('\n'.join(f'  {k} = {v!r}' for k, v in defaults.items()))
         raise SystemExit(0)
     cfg = dict(defaults)
@@ -95,14 +87,13 @@ def configure(defaults, argv, optional_types=None, doc=None):
     return cfg
 
 
-def annex(name, needed_by=None):
-    """annex/<name>.py; where a fork has deleted it, None, or for an option that needs it an error."""
+def annex(name, needed_by=None):  # annex/<name>.py; None if a fork deleted it, or needed_by's error
     try:
         return importlib.import_module(f'annex.{name}')
     except ModuleNotFoundError as e:
         if e.name not in ('annex', f'annex.{name}'):
             raise
         if needed_by:
-            raise SystemExit(f'error: {needed_by} needs annex/{name}.py, which this copy of nanonorm does '
-                             'not have (restore it from the nanonorm repository)') from None
+            raise SystemExit(f'error: {needed_by} needs annex/{name}.py, which this copy lacks '
+                             '(restore it from the nanonorm repository)') from None
         return None

@@ -1,7 +1,6 @@
 """
-Where and how train.py's processes run: its keys checked first; the device and precision (sample.py's
-and analyze.py's too); torchrun's processes and the stop signals; how long collectives wait for a lost
-process; and the check that no process has failed before all go on (any_failed).
+Where and how train.py's processes run: its keys checked; the device and precision (every script's);
+torchrun's processes, stop signals, collectives' timeouts, and any_failed: no process goes on alone.
 """
 import functools
 import importlib.util
@@ -19,11 +18,11 @@ from configurator import annex
 from data.common import micro_batches
 from model import GPTConfig
 
-LONG_TIMEOUT = 3600  # seconds collectives wait until the first step is done (compiled), and for saves
+LONG_TIMEOUT = 3600  # seconds collectives wait until the first step is done, and for saves
 
 
 def check_train_config(cfg, world):
-    """train.py's keys checked before anything is read; device, dtype, backend, init_from filled in."""
+    """train.py's keys checked before anything is read; device, dtype, backend, init_from set."""
     try:
         cfg.device = pick_device(cfg.device)
         GPTConfig(**{f.name: getattr(cfg, f.name) for f in fields(GPTConfig)})  # the model's checks
@@ -41,8 +40,8 @@ def check_train_config(cfg, world):
     if cfg.init_from not in ('scratch', 'resume'):
         raise SystemExit("error: init_from must be 'scratch', 'resume' or 'auto'")
     if has_run and cfg.init_from == 'scratch' and not (cfg.overwrite or cfg.eval_only):
-        raise SystemExit(f'error: {cfg.out_dir} already holds a run (ckpt.pt); pass --out_dir=NEW, '
-                         '--init_from=resume (or auto), or --overwrite=True')
+        raise SystemExit(f'error: {cfg.out_dir} already holds a run (ckpt.pt); pass '
+                         '--out_dir=NEW, --init_from=resume (or auto), or --overwrite=True')
     if cfg.dtype not in ('float32', 'bfloat16'):
         raise SystemExit("error: dtype must be 'float32' or 'bfloat16'")
     sizes = [cfg.eval_interval, cfg.log_interval, cfg.eval_iters, cfg.batch_size, cfg.block_size,
@@ -53,8 +52,8 @@ def check_train_config(cfg, world):
         raise SystemExit('error: eval_interval, eval_interval_warmup, log_interval, eval_iters, '
                          'batch_size, block_size and gradient_accumulation_steps must be positive')
     if cfg.max_iters < 0 or cfg.paper_val < 0:
-        raise SystemExit(f'error: max_iters ({cfg.max_iters}) must be >= 0 (0 = evaluate the initial '
-                         f'model) and paper_val ({cfg.paper_val}) >= 0 (0 = off)')
+        raise SystemExit(f'error: max_iters ({cfg.max_iters}) must be >= 0 (0 = evaluate the '
+                         f'initial model) and paper_val ({cfg.paper_val}) >= 0 (0 = off)')
     if cfg.wandb_log and not importlib.util.find_spec('wandb'):
         raise SystemExit('error: wandb_log=True, but wandb is not installed (pip install wandb)')
     for n, what in ((cfg.batch_size * cfg.gradient_accumulation_steps,
@@ -66,8 +65,7 @@ def check_train_config(cfg, world):
 
 
 def pick_device(device=None):
-    """The device asked for (an error if this machine lacks it); by default cuda, else mps, else
-    cpu."""
+    """The device asked for (an error if this machine lacks it); None: cuda, else mps, else cpu."""
     if device in (None, 'auto'):
         if torch.cuda.is_available():
             return 'cuda'
@@ -75,16 +73,18 @@ def pick_device(device=None):
     try:
         kind = torch.device(device).type
     except RuntimeError:
-        raise ValueError(f"device={device!r} is not a device name; use 'cpu', 'cuda', 'cuda:1' or 'mps'") \
-            from None
-    if not {'cuda': torch.cuda.is_available(), 'mps': torch.backends.mps.is_available()}.get(kind, True):
-        raise ValueError(f"device={device!r}, but this machine has no {kind} device; use device='cpu'")
+        raise ValueError(f"device={device!r} is not a device name; use 'cpu', 'cuda', 'cuda:1' or "
+                         "'mps'") from None
+    have = {'cuda': torch.cuda.is_available(), 'mps': torch.backends.mps.is_available()}
+    if not have.get(kind, True):
+        raise ValueError(f"device={device!r}, but this machine has no {kind} device; use "
+                         "device='cpu'")
     return device
 
 
 def precision(device, dtype=None):
-    """(dtype, the context to run the model in): None = 'bfloat16' on a CUDA device that has it,
-    else 'float32', which runs without autocast (on CUDA with TF32 matmuls)."""
+    """(dtype, the context to run the model in): None = bfloat16 autocast on CUDA where supported,
+    else float32 (on CUDA with TF32 matmuls)."""
     kind = torch.device(device).type
     if not dtype:
         dtype = 'bfloat16' if kind == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
@@ -101,8 +101,7 @@ def world_size():  # processes in the job: torchrun's (or srun's, made torchrun'
 
 
 def setup(cfg, stop_signals):
-    """The processes (under torchrun), this one's device and precision, and the stop signals, which
-    set env.stop: every process acts on it at the next step."""
+    """The processes (under torchrun), this one's device and precision; stop signals set env.stop."""
     ddp = 'RANK' in os.environ
     rank, local_rank = int(os.environ.get('RANK', 0)), int(os.environ.get('LOCAL_RANK', 0))
     device = cfg.device
@@ -130,15 +129,14 @@ def request_stop(env, signum, frame):
 
 
 def set_timeout(env, seconds):
-    """How long collectives wait for a lost process before failing (torchtitan's way: long while
-    compiling and saving, short for steps), on the default group and HSDP's mesh groups."""
+    """How long collectives wait for a lost process (torchtitan's: long while compiling and saving,
+    short for steps), on the default group and HSDP's mesh groups."""
     for group in env.groups if env.ddp else []:
         dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds), group)
 
 
 def any_failed(env, error):
-    """Whether any process has an error (each passes its own, or None): all learn it at once, so
-    none waits in a collective for one that has left."""
+    """Whether any process has an error (each passes its own, or None): all learn it at once."""
     flag = torch.full((), float(bool(error)), device=env.device)
     if env.ddp:
         dist.all_reduce(flag)

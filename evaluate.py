@@ -1,7 +1,6 @@
 """
-The eval train.py runs every eval_interval steps: mean loss and accuracy (next token, or class) on
-each split's fixed eval samples (and the study's val slice, redrawn each time), shared out over the
-processes; the norm statistics of the train samples (norm_stats.py); the signs of a collapse.
+The eval train.py runs every eval_interval steps: mean loss and accuracy on each split's fixed eval
+samples, shared out over the processes; the norm statistics of the train samples; signs of collapse.
 """
 import torch
 import torch.distributed as dist
@@ -15,8 +14,7 @@ COLLAPSE_AFTER = 200  # steps (or warmup's, if fewer) before it warns: the study
 
 @torch.no_grad()
 def evaluate(run, it, **read):
-    """The eval record before step `it` (with `read`: the lr, what the steps have read), run by
-    run.model (compiled where training is)."""
+    """The eval record before step `it`, with `read` (the lr, what the steps have read)."""
     cfg, env, data, raw = run.cfg, run.env, run.data, run.raw
     splits = {'train': data.eval_ids['train'], 'val': data.eval_ids['val']}
     if cfg.paper_val:  # the study's val slice: windows redrawn at every eval
@@ -49,8 +47,8 @@ def evaluate(run, it, **read):
 
 
 def collapse_warnings(cfg, data, it, train_loss, layers):
-    """A train loss at the unigram level; norm layers saturated (their output is sign(x) * gamma,
-    whatever the input; f: tanh or erf): the signs of a collapsed run (DyT at small scale)."""
+    """A train loss at the unigram level; norm layers saturated (their output sign(x) * gamma,
+    whatever the input): the signs of a collapsed run (DyT at small scale)."""
     warnings = []
     if it > min(cfg.warmup_iters, COLLAPSE_AFTER) and train_loss > data.entropy - COLLAPSE_MARGIN:
         warnings.append(f'train loss {train_loss:.3f} after {it} steps: at the unigram level of '

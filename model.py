@@ -1,12 +1,7 @@
-"""
-One GPT for the question "when does removing LayerNorm help?". Flags switch, each in one place:
-  norm: 'layernorm' | 'rmsnorm' | 'dyt' | 'derf' | 'hardtanh'   -> the five norms, NORMS
-  attn: 'standard' | 'diff' (Differential Attention)             -> CausalSelfAttention
-  mlp:  'gelu' | 'swiglu'                                        -> MLP
-  pos:  'learned' | 'rope'                                       -> apply_rope(), GPT.hidden
-Defaults and parameter names are nanoGPT's GPT-2, so its checkpoints load as they are. Formulas
-follow the DyT paper (Zhu et al. 2025), the Derf paper (Chen et al. 2025), microsoft/unilm's
-Diff-Transformer (Ye et al. 2025) and Llama.
+"""One GPT for "when does removing LayerNorm help?"; each GPTConfig flag switches in one place:
+norm in NORMS, attn in CausalSelfAttention, mlp in MLP, pos in apply_rope() and GPT.hidden.
+nanoGPT's GPT-2 defaults and parameter names (its checkpoints load as is). Formulas: DyT (Zhu et al.
+2025), Derf (Chen et al. 2025), microsoft/unilm's Diff-Transformer (Ye et al. 2025), Llama.
 """
 import math
 from dataclasses import dataclass
@@ -15,12 +10,10 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-# --------------------------------------------------------------------------------------------------
-# The norms, each built as Norm(ndim, bias, eps, alpha0), using what it needs. DyT and Derf replace
-# LayerNorm's and RMSNorm's statistics by a bounded function of each value alone, with ONE learnable
-# alpha per layer; HardTanh, the study's control, is the bound without the slope. A norm with
-# squashed(x), what its bounded f is applied to, and cut(t), where |f(u)| > tanh(t) iff |u| >
-# cut(t), has its saturation measured (norm_stats.py). A new norm: a class, its entry in NORMS.
+# The norms, each Norm(ndim, bias, eps, alpha0) using what it needs. DyT and Derf swap LayerNorm's
+# statistics for a bounded f of each value alone, ONE learnable alpha per layer; HardTanh, the
+# control, is the bound without the slope. norm_stats.py measures saturation via squashed(x), f's
+# argument, and cut(t): |f(u)| > tanh(t) iff |u| > cut(t).
 
 class LayerNorm(nn.Module):
     def __init__(self, ndim, bias=False, eps=1e-5, alpha0=None):
@@ -40,14 +33,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(ndim))
 
     def forward(self, x):
-        xf = x.float()  # the mean of squares overflows or underflows in half precision
+        xf = x.float()  # the mean of squares over/underflows in half precision
         y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.eps) * self.weight.float()
         return y.type_as(x)
 
 
-class DyT(nn.Module):
-    """Dynamic Tanh: gamma * tanh(alpha * x) + beta."""
-
+class DyT(nn.Module):  # Dynamic Tanh: gamma * tanh(alpha * x) + beta
     def __init__(self, ndim, bias=False, eps=None, alpha0=0.5):
         super().__init__()
         self.alpha = nn.Parameter(torch.full((1,), float(alpha0)))
@@ -66,9 +57,7 @@ class DyT(nn.Module):
         return y * self.weight if self.bias is None else torch.addcmul(self.bias, y, self.weight)
 
 
-class Derf(nn.Module):
-    """Dynamic erf: gamma * erf(alpha * x + s) + beta, with ONE learnable shift s too."""
-
+class Derf(nn.Module):  # Dynamic erf: gamma * erf(alpha * x + s) + beta
     def __init__(self, ndim, bias=False, eps=None, alpha0=0.5):
         super().__init__()
         self.alpha = nn.Parameter(torch.full((1,), float(alpha0)))
@@ -88,9 +77,7 @@ class Derf(nn.Module):
         return y * self.weight if self.bias is None else torch.addcmul(self.bias, y, self.weight)
 
 
-class HardTanh(nn.Module):
-    """clip(x, -1, 1) * gamma + beta."""
-
+class HardTanh(nn.Module):  # clip(x, -1, 1) * gamma + beta
     def __init__(self, ndim, bias=False, eps=None, alpha0=None):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(ndim))
@@ -104,17 +91,15 @@ class HardTanh(nn.Module):
 NORMS = {'layernorm': LayerNorm, 'rmsnorm': RMSNorm, 'dyt': DyT, 'derf': Derf, 'hardtanh': HardTanh}
 
 
-def make_norm(config, alpha0=None):
-    """The one place where the model builds a norm; alpha0 None = config.dyt_alpha."""
+def make_norm(config, alpha0=None):  # the one place to build a norm
     alpha0 = config.dyt_alpha if alpha0 is None else alpha0
     return NORMS[config.norm](config.n_embd, config.bias, config.norm_eps, alpha0)
 
 
-# --------------------------------------------------------------------------------------------------
 # Rotary position embedding, rotate-half: the pair (x[i], x[i + d/2]) turns by pos theta^(-2i/d)
 
 def rope_angles(block_size, head_dim, theta):
-    """float32 cos and sin tables (block_size, head_dim/2), made in float64 on the CPU (not MPS)."""
+    """float32 cos, sin (block_size, head_dim/2), made in float64 on CPU (not MPS)."""
     half = torch.arange(0, head_dim, 2, dtype=torch.float64, device='cpu')
     inv_freq = theta ** (-half / head_dim)
     angles = torch.outer(torch.arange(block_size, dtype=torch.float64, device='cpu'), inv_freq)
@@ -127,15 +112,10 @@ def apply_rope(x, cos, sin):
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head attention (grouped-query with n_kv_head), or Differential Attention (attn='diff').
-
-    Differential Attention keeps the baseline's projection shapes: Q and K are read as n_head heads
-    of head_dim, paired up (2i, 2i+1), V as n_head/2 heads of 2*head_dim. Diff head i outputs
-    (softmax(q_2i k^T s) - lambda softmax(q_2i+1 k^T s)) v_i, then a per-head RMSNorm, x (1 -
-    lambda_init). causal=False lets every position attend to every other (annex/vit.py's ViT).
-    """
-
-    def __init__(self, config, layer_idx, causal=True):
+    """Multi-head attention (grouped-query: n_kv_head), or Differential Attention (attn='diff') in
+    the baseline's shapes: diff head i, from q heads 2i, 2i+1 and a V head of 2*head_dim, is
+    RMSNorm((softmax(q_2i k^T s) - lambda softmax(q_2i+1 k^T s)) v_i) x (1 - lambda_init)."""
+    def __init__(self, config, layer_idx, causal=True):  # causal=False: annex/vit.py's ViT
         super().__init__()
         self.causal, self.dropout = causal, config.dropout
         self.n_head, self.n_kv_head = config.n_head, config.n_kv_head or config.n_head
@@ -153,12 +133,12 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, rope=None):
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split([C, self.kv_dim, self.kv_dim], dim=2)  # n_head, KV, KV heads
-        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
-        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, KV, T, hd)
+        q, k, v = self.c_attn(x).split([C, self.kv_dim, self.kv_dim], dim=2)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        rep = self.n_head // self.n_kv_head  # GQA: `rep` query heads share a key/value head
+        rep = self.n_head // self.n_kv_head  # GQA: rep query heads per key/value head
         p = self.dropout if self.training else 0.0
         if not self.diff:
             k = k.repeat_interleave(rep, dim=1)
@@ -171,11 +151,11 @@ class CausalSelfAttention(nn.Module):
             k = k.view(B, self.n_head, T, self.head_dim)
             v = v.view(B, T, self.n_kv_head // 2, 2 * self.head_dim).transpose(1, 2)
             v = v.repeat_interleave(rep, dim=1).repeat_interleave(2, dim=1)  # both maps read v_i
-            # flash kernels want equal q/k/v head sizes: each half of V on its own (the reference's
-            # flashdiff). With dropout each half draws its own mask; the reference has no dropout.
-            y = torch.cat([F.scaled_dot_product_attention(q, k, vh, dropout_p=p,
-                                                          is_causal=self.causal)
-                           for vh in v.split(self.head_dim, dim=-1)], dim=-1)
+            # V's halves apart, as flashdiff (flash kernels want equal head sizes); with dropout
+            # each half draws its own mask (the reference has none)
+            halves = [F.scaled_dot_product_attention(q, k, vh, dropout_p=p, is_causal=self.causal)
+                      for vh in v.split(self.head_dim, dim=-1)]
+            y = torch.cat(halves, dim=-1)
             y = y.view(B, self.n_head // 2, 2, T, 2 * self.head_dim)
             lam = (torch.exp(torch.dot(self.lambda_q1.float(), self.lambda_k1.float()))
                    - torch.exp(torch.dot(self.lambda_q2.float(), self.lambda_k2.float()))
@@ -185,16 +165,13 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y))
 
 
-def mlp_hidden(config):
-    """4 x n_embd (GELU), or 2/3 of it rounded up to a multiple of 256 (SwiGLU, as Llama)."""
+def mlp_hidden(config):  # SwiGLU's as Llama's
     if config.mlp == 'swiglu':
         return 256 * math.ceil(2 / 3 * 4 * config.n_embd / 256)
     return 4 * config.n_embd
 
 
-class MLP(nn.Module):
-    """GELU (GPT-2), or SwiGLU: c_proj(silu(c_fc x) * c_up x) (Llama)."""
-
+class MLP(nn.Module):  # GELU (GPT-2), or SwiGLU: c_proj(silu(c_fc x) * c_up x) (Llama)
     def __init__(self, config):
         super().__init__()
         self.swiglu = config.mlp == 'swiglu'
@@ -239,10 +216,8 @@ class GPTConfig:
     dyt_alpha_attn: float | None = None  # per place (the DyT paper's LLM rule); None = dyt_alpha
     dyt_alpha_ffn: float | None = None
     dyt_alpha_final: float | None = None
-    embed_scale: bool = False  # a learnable scalar on the embeddings, init sqrt(n_embd)
-    # the embeddings' init (so the tied output layer's): GPT-2's 0.02; small DyT models collapse
-    # with it (docs/collapse.md), 0.3 or 1.0 (PyTorch's) train
-    emb_init_std: float = 0.02
+    embed_scale: bool = False  # a learnable scalar on the embeddings
+    emb_init_std: float = 0.02  # GPT-2's; small DyT models collapse with it (docs/collapse.md)
     attn: str = 'standard'
     mlp: str = 'gelu'
     pos: str = 'learned'
@@ -251,9 +226,9 @@ class GPTConfig:
     def __post_init__(self):
         for key, allowed in dict(norm=tuple(NORMS), attn=('standard', 'diff'),
                                  mlp=('gelu', 'swiglu'), pos=('learned', 'rope')).items():
-            if getattr(self, key) not in allowed:
-                raise ValueError(f"{key}={getattr(self, key)!r} is not known; choose one of "
-                                 f"{allowed}")
+            value = getattr(self, key)
+            if value not in allowed:
+                raise ValueError(f"{key}={value!r} is not known; choose one of {allowed}")
         if self.n_kv_head is not None and self.n_kv_head < 1:
             raise ValueError(f"n_kv_head={self.n_kv_head} must be positive, or None for n_head")
         if not 0 <= self.dropout < 1:
@@ -272,7 +247,7 @@ class GPTConfig:
 
 
 class GPT(nn.Module):
-    no_decay = ()  # >= 2-D parameters kept out of weight decay (a ViT's position embeddings)
+    no_decay = ()  # >= 2-D parameters not decayed (a ViT's position embeddings)
 
     def __init__(self, config):
         super().__init__()
@@ -285,13 +260,12 @@ class GPT(nn.Module):
         ))
         if config.pos == 'learned':
             self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
-        else:  # not saved: a function of the config (a meta-device model fills them in later)
+        else:  # not saved: made from the config (a meta-device model fills them in)
             device = self.transformer.wte.weight.device
             for name, table in zip(('rope_cos', 'rope_sin'), rope_angles(
                     config.block_size, config.n_embd // config.n_head, config.rope_theta)):
                 self.register_buffer(name, table.to(device), persistent=False)
-        # one element, not a 0-dim scalar: FSDP2 cannot shard a 0-dim parameter
-        scale = torch.full((1,), math.sqrt(config.n_embd))
+        scale = torch.full((1,), math.sqrt(config.n_embd))  # not 0-dim: FSDP2 cannot shard that
         self.embed_scale = nn.Parameter(scale) if config.embed_scale else None
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
@@ -310,23 +284,23 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=self.config.emb_init_std)
 
     def get_num_params(self, non_embedding=True):
-        """Parameters, by default without position embeddings (token embeddings count: tied)."""
+        """By default without position embeddings (token embeddings count: tied)."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding and self.config.pos == 'learned':
             n -= self.transformer.wpe.weight.numel()
         return n
 
-    def describe(self):  # what train.py prints of the model
+    def describe(self):
         c = self.config
         return (f'{self.get_num_params():,} parameters ({c.norm}, {c.attn} attention, {c.mlp} MLP, '
                 f'{c.pos} positions)')
 
-    def hidden(self, idx):  # the final norm's output (B, T, n_embd): what lm_head reads
+    def hidden(self, idx):  # the final norm's output (B, T, n_embd), lm_head's input
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} is longer than block_size="
                              f"{self.config.block_size}")
-        x = self.transformer.wte(idx)  # (B, T, n_embd)
+        x = self.transformer.wte(idx)
         rope = None
         if self.config.pos == 'learned':
             x = x + self.transformer.wpe(torch.arange(T, device=idx.device))
@@ -352,17 +326,16 @@ class GPT(nn.Module):
         return logits, loss
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        """AdamW, weight decay on >= 2-D weights only (not norm gains, alphas, lambdas, biases)."""
+        """AdamW, decaying >= 2-D weights only: not norm gains, alphas, lambdas, biases."""
         named = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
-        decay = [p.dim() >= 2 and n not in self.no_decay for n, p in named]
-        groups = [{'params': [p for (_, p), d in zip(named, decay) if d],
-                   'weight_decay': weight_decay},
-                  {'params': [p for (_, p), d in zip(named, decay) if not d], 'weight_decay': 0.0}]
+        decay = [p for n, p in named if p.dim() >= 2 and n not in self.no_decay]
+        rest = [p for n, p in named if p.dim() < 2 or n in self.no_decay]
+        groups = [{'params': decay, 'weight_decay': weight_decay},
+                  {'params': rest, 'weight_decay': 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == 'cuda')
 
     def estimate_mfu(self, fwdbwd_per_iter, dt, peak):
-        """Model FLOPs utilization against `peak` (PaLM, appendix B; as nanoGPT, Diff's 2nd map is
-        not counted)."""
+        """MFU against `peak` (PaLM, appendix B); Diff's 2nd map not counted."""
         if not peak:
             return None
         cfg = self.config
@@ -371,7 +344,7 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
-        """Sample max_new_tokens continuations of idx (B, T); temperature 0 takes the argmax."""
+        """Append max_new_tokens sampled tokens to idx (B, T); temperature 0: the argmax."""
         for _ in range(max_new_tokens):
             logits, _ = self(idx[:, -self.config.block_size:])
             logits = logits[:, -1, :]

@@ -1,7 +1,6 @@
 """
-A run's files besides its checkpoints, in out_dir: config.json (every key), log.jsonl (a JSON line
-per step logged, eval and event; a step's line on the screen too), summary.json (how the run ended,
-once it has) and a wandb run with wandb_log=True. read_log reads a log back.
+A run's files besides its checkpoints, in out_dir: config.json (every key), log.jsonl (a JSON line per
+step logged, eval and event), summary.json (how the run ended) and a wandb run with wandb_log=True.
 """
 import json
 import os
@@ -12,8 +11,7 @@ from data.common import atomic_write, write_json
 
 
 def read_log(path, keep):
-    """The records of a JSON-lines file (log.jsonl) that satisfy keep(record); a torn line is
-    dropped."""
+    """The records of a JSON-lines file that satisfy keep(record); a torn line is dropped."""
     records = []
     if os.path.exists(path):
         with open(path) as f:
@@ -26,8 +24,8 @@ def read_log(path, keep):
 
 
 def prepare_run_dir(out_dir, config, resume_iter=None):
-    """config.json; log.jsonl cut back to the checkpoint resumed at resume_iter (its eval kept), or
-    emptied for a new run, which also removes the files of a run it replaces (--overwrite)."""
+    """config.json; log.jsonl cut back to the checkpoint at resume_iter (its eval kept), or emptied
+    for a new run, which removes the files of a run it replaces (--overwrite)."""
     os.makedirs(out_dir, exist_ok=True)
     if resume_iter is None:
         for name in (*CHECKPOINTS.values(), 'summary.json'):
@@ -48,7 +46,7 @@ def prepare_run_dir(out_dir, config, resume_iter=None):
 
 
 def log(run, record):
-    """A line of log.jsonl (and a wandb step with wandb_log), by the process that writes."""
+    """A line of log.jsonl (and a wandb step), by the process that writes."""
     if not run.writing:
         return
     with open(os.path.join(run.cfg.out_dir, 'log.jsonl'), 'a') as f:
@@ -59,8 +57,7 @@ def log(run, record):
 
 
 def write_summary(run, state, reason, seen, meta):
-    """summary.json: how the run ended ('finished', or 'diverged' and why), its loop state, its last
-    eval's figures, what it read and its data. Ends the wandb run."""
+    """summary.json: how the run ended, its last eval's figures, what it read; ends the wandb run."""
     last, it = state.last_eval or {}, state.iter_num
     layers = last.get('norm_layers', {})
     write_json(os.path.join(run.cfg.out_dir, 'summary.json'), {
@@ -85,7 +82,7 @@ def write_summary(run, state, reason, seen, meta):
 
 
 def log_step(run, it, loss, lr, grad_norm, dt):
-    """A step's record and line: loss, lr, gradient norm, and once timed, throughput and MFU."""
+    """A step's record and line: loss, lr, gradient norm and, once timed, throughput and MFU."""
     rate = mfu = None
     speed = 'first step (compilation and warm-up: not timed)'
     if dt:  # MFU of this process's share of the samples

@@ -1,5 +1,4 @@
-"""
-Sample from a trained model (any variant), decoding with the tokenizer the run was trained with.
+"""Sample from a trained model (any variant), decoding with the tokenizer the run was trained with.
 
   python sample.py --out_dir=out --start="def " --num_samples=3 --max_new_tokens=200
   python sample.py --out_dir=out/gpt2_64m_dyt --ckpt=best --start=FILE:prompt.txt --temperature=0.7
@@ -13,43 +12,37 @@ from configurator import config_keys, configure
 from data.common import DataError, get_tokenizer
 from distributed import pick_device, precision
 
-# --------------------------------------------------------------------------------------------------
 out_dir = 'out'
-ckpt = 'latest'  # out_dir's 'latest' (ckpt.pt) or 'best' (best.pt), as in analyze.py; or a file
+ckpt = 'latest'  # out_dir's 'latest' (ckpt.pt) or 'best' (best.pt), or a file
 start = '\n'  # the prompt, or "FILE:path" to read it from a file
 num_samples = 3
 max_new_tokens = 200
 temperature = 0.8  # 1.0 = the model's distribution, lower = more conservative, 0 = greedy
 top_k: int | None = 200  # keep only the top_k most likely tokens; None = all
 seed = 1337
-device: str | None = None  # None = 'cuda' if available, else 'mps', else 'cpu'
-dtype: str | None = None  # 'float32', 'bfloat16' or 'float16'; None = bfloat16 on CUDA if supported
-compile = False  # torch.compile the forward generate calls (dynamic shapes: the sequence grows)
+device: str | None = None  # None = cuda if available, else mps, else cpu
+dtype: str | None = None  # float32, bfloat16 or float16; None = bfloat16 on CUDA if supported
+compile = False  # torch.compile the forward (dynamic shapes: the sequence grows)
 tiktoken_file: str | None = None  # GPT-2 .tiktoken ranks file for offline machines
-# --------------------------------------------------------------------------------------------------
 DEFAULTS, OPTIONAL_TYPES = config_keys(globals())
 
 
 def main(argv):
     cfg = configure(DEFAULTS, argv, OPTIONAL_TYPES, __doc__)
-    path = cfg['ckpt']
-    if path in CHECKPOINTS:
-        path = checkpoint_file(cfg['out_dir'], path)
+    ckpt = cfg['ckpt']
+    path = checkpoint_file(cfg['out_dir'], ckpt) if ckpt in CHECKPOINTS else ckpt
     if cfg['dtype'] not in (None, 'float32', 'bfloat16', 'float16'):
-        raise SystemExit(f"error: dtype={cfg['dtype']!r} is not known; use 'float32', 'bfloat16' "
-                         "or 'float16'")
+        raise SystemExit(f"error: dtype={cfg['dtype']!r} is not known (float32, bfloat16, float16)")
     start = cfg['start']
     if start.startswith('FILE:'):
         try:
             with open(start[5:], encoding='utf-8') as f:
                 start = f.read()
         except (OSError, UnicodeDecodeError) as e:
-            raise SystemExit(f'error: cannot read the prompt file {start[5:]!r} '
-                             f'(--start=FILE:path): {e}')
+            raise SystemExit(f'error: cannot read the prompt file {start[5:]!r} (--start): {e}')
     torch.manual_seed(cfg['seed'])
     try:
         device = pick_device(cfg['device'])
-        ctx = precision(device, cfg['dtype'])[1]
         model, checkpoint = load_checkpoint(path, device, language_model=True)
         tiktoken_file = cfg['tiktoken_file'] or checkpoint.get('config', {}).get('tiktoken_file')
         tok = get_tokenizer(checkpoint.get('tokenizer', 'gpt2'), tiktoken_file)
@@ -59,16 +52,14 @@ def main(argv):
         model.compile(dynamic=True)
     ids = tok.encode(start) or [tok.eot]  # an empty prompt starts from end-of-text
     if max(ids) >= model.config.vocab_size:
-        raise SystemExit(f"error: the prompt has token id {max(ids)}, outside the model's "
-                         f"vocabulary ({model.config.vocab_size}); is the checkpoint's tokenizer "
-                         f"({tok.name}) the data's?")
+        raise SystemExit(f"error: prompt token id {max(ids)} is outside the model's vocabulary "
+                         f"({model.config.vocab_size}); was the data tokenized with {tok.name}?")
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, -model.config.block_size:]
-    with torch.no_grad(), ctx:
+    with precision(device, cfg['dtype'])[1]:  # autocast unless float32; generate() is no_grad
         for _ in range(cfg['num_samples']):
             y = model.generate(x, cfg['max_new_tokens'], cfg['temperature'], cfg['top_k'])
-            # ids past the tokenizer's vocabulary are padding rows of the embedding: never real text
-            print(tok.decode([i for i in y[0].tolist() if i < tok.n_vocab]))
-            print('---------------')
+            text = tok.decode([i for i in y[0].tolist() if i < tok.n_vocab])  # drop padding ids
+            print(text + '\n---------------')
 
 
 if __name__ == '__main__':

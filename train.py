@@ -3,9 +3,8 @@ Train a GPT variant (model.py) on a tokenized corpus: on a CPU, one GPU, or many
   python train.py                   # a tiny byte-level GPT on the offline pydocs corpus: ~1 min
   python train.py config/gpt2_64m_dyt.py --train_tokens=1_000_000 --seed=42 --out_dir=out/64m_dyt_1M
   torchrun --standalone --nproc_per_node=8 train.py config/gpt2_64m_dyt.py --init_from=auto
-Keys: the globals below, then config files, then --key=value (configurator.py). Writes config.json,
-log.jsonl, ckpt.pt, best.pt, summary.json to out_dir; SIGTERM, SIGUSR1, Ctrl-C stop at the next
-step, ckpt.pt written. Exit status 0 finished, 3 diverged, 4 stopped, 1 error.
+Writes config.json, log.jsonl, ckpt.pt, best.pt, summary.json to out_dir. SIGTERM, SIGUSR1, Ctrl-C
+stop at the next step, ckpt.pt saved. Exit status 0 finished, 3 diverged, 4 stopped, 1 error.
 """
 import gc
 import math
@@ -29,8 +28,8 @@ from evaluate import evaluate
 from run_files import log, log_step, prepare_run_dir, seen, write_summary
 
 # --------------------------------------------------------------------------------------------------
-# default config: a tiny model on the offline pydocs corpus that learns visibly in a minute on 2
-# CPUs I/O
+# default config: a tiny model on the offline pydocs corpus, learning visibly in a minute on 2 CPUs
+# I/O
 out_dir = 'out'
 eval_interval = 100
 eval_interval_warmup: int | None = None  # evals this often until warmup ends (an early best)
@@ -92,8 +91,7 @@ backend: str | None = None  # torch.distributed's; None = 'nccl' on CUDA, 'gloo'
 peak_flops: float | None = None  # the device's peak FLOP/s for MFU; None = by GPU name
 step_timeout = 600  # seconds a step's collectives wait for a lost process (saves: an hour)
 seed = 1337
-# read by the annexes only: the study's protocol (annex/protocol.py), a ViT (annex/vit.py), a
-# cluster
+# read by the annexes only: the study's protocol (annex/protocol.py), a ViT (annex/vit.py), clusters
 budget_docs: int | None = None  # the budget: a random subset of whole documents, from this seed
 paper_val = 0  # > 0: also log val_loss_paper, the study's protocol (README): this many windows
 patch_size = 4  # image data: the ViT's patches and pooling, 'cls' or 'mean'
@@ -141,7 +139,6 @@ def main(argv):
 
 
 def train(cfg, env):
-    """The run in out_dir, new or resumed: its data, model and optimizer, then the loop."""
     meta, data = open_data(cfg, env, EVAL_SEED)
     config, resume = vars(cfg).copy(), cfg.init_from == 'resume'
     model_args = data.model_args(config)
@@ -197,7 +194,7 @@ def train(cfg, env):
 
 
 def build(cfg, env, model_args):
-    """(raw, model) from the seed. Norm statistics are attached first: torch.compile traces them."""
+    """(raw, model) from the seed, norm statistics attached first: torch.compile traces them."""
     torch.manual_seed(cfg.seed)
     if env.fsdp:  # built on the meta device, sharded, each block compiled (annex/cluster.py)
         raw = annex('cluster', 'fsdp=True').build_sharded(model_args, cfg, env)
@@ -225,8 +222,7 @@ def print_start(run, state, resume):
 # ----------------------------------------------------------------------------------------- the loop
 
 def loop(run, state):
-    """Steps from state.iter_num to max_iters, evals and checkpoints between them. Returns (why the
-    run diverged, or None; whether a stop signal ended it)."""
+    """Steps to max_iters, evals and checkpoints between: (why it diverged or None, stopped)."""
     cfg, env, optimizer = run.cfg, run.env, run.optimizer
     batches = train_batches(run, state.iter_num)
     run.t0 = time.time() - state.wall_time_s  # the run's clock, across resumes: saves read it
@@ -273,8 +269,8 @@ def loop(run, state):
 
 
 def train_batches(run, step):
-    """This process's micro-batches from step `step` on, each handed out once the next one is on its
-    way to the device (nanoGPT's prefetch). A step's windows come from (seed, step) alone."""
+    """This process's micro-batches from step `step` on, each handed out once the next is on its way
+    to the device (nanoGPT's prefetch)."""
     ahead = None
     while True:
         windows = run.data.draw(run.cfg.seed, step, run.samples)
@@ -287,8 +283,7 @@ def train_batches(run, step):
 
 
 def train_step(run, batches):
-    """This process's micro-batches forward and backward, the gradients clipped, and the step's one
-    all-reduce. Returns (mean loss, gradient norm, whether a stop signal reached any process)."""
+    """Forward and backward, clip, the one all-reduce: (mean loss, grad norm, a stop anywhere)."""
     env, parts, n = run.env, run.parts, run.samples
     loss_sum = torch.zeros((), device=env.device)
     for k, (_, count) in enumerate(parts):
@@ -315,8 +310,7 @@ def train_step(run, batches):
 
 
 def divergence(cfg, state, loss, grad_norm):
-    """Why the run must stop at this step (a non-finite loss or gradient norm, a loss spike), or
-    None; then the smoothed loss takes the step's in."""
+    """Why the run must stop here (non-finite, a loss spike) or None; the smoothed loss updated."""
     it, best = state.iter_num, state.best_loss_ema
     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
         return f'non-finite loss ({loss}) or gradient norm ({grad_norm}) at iter {it}'
@@ -328,12 +322,10 @@ def divergence(cfg, state, loss, grad_norm):
     return None
 
 
-# ----------------------------------------------------------------------- evaluation, checkpoints,
-# end
+# ------------------------------------------------------------------- evaluation, checkpoints, end
 
 def eval_and_save(run, state):
-    """The eval before step state.iter_num, the best kept, then the checkpoint (not at step 0: the
-    seed rebuilds it). Returns (why the run must stop, or None; whether it saved)."""
+    """The eval before step state.iter_num, then the checkpoint: (why to stop or None, saved)."""
     cfg, it = run.cfg, state.iter_num
     ev = evaluate(run, it, lr=get_lr(it, cfg), **seen(run, it))
     if not (math.isfinite(ev['train_loss']) and math.isfinite(ev['val_loss'])):
@@ -360,8 +352,7 @@ def eval_and_save(run, state):
 
 
 def save(run, state, best=False):
-    """ckpt.pt or ckpt.dcp/ (and best), to resume at state.iter_num. Every process calls it; rank 0
-    may write 45 GB while the others wait."""
+    """ckpt.pt or ckpt.dcp/ (and best), by every process: rank 0 may write 45 GB as others wait."""
     set_timeout(run.env, LONG_TIMEOUT)
     state.wall_time_s = time.time() - run.t0
     save_run(run.raw, run.optimizer, dict(run.saved, **asdict(state)), run.cfg.out_dir, run.env,
@@ -370,7 +361,7 @@ def save(run, state, best=False):
 
 
 def finish(run, state, reason, stop, meta):
-    """The end of the run, said, logged and, once it has ended, in summary.json; the exit status."""
+    """The end of the run, said, logged and in summary.json; the exit status."""
     cfg, env, it = run.cfg, run.env, state.iter_num
     if stop and not reason and it < cfg.max_iters:
         why = env.stop[0] if env.stop else 'signal on another process'

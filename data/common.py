@@ -1,8 +1,7 @@
 """
-The data as every script reads it: two tokenizers, token files (data/<dataset>/{train,val,test}.bin,
-uint16 or uint32, and meta.json), the windows train.py trains on, files written atomically. The
-prepare scripts' tools are in data/prepare_tools.py, the study's document budgets in
-annex/protocol.py.
+The data as every script reads it: two tokenizers, token files (data/<dataset>/{train,val,test}.bin
+and meta.json), the windows train.py trains on, files written atomically. The prepare scripts' tools
+are in data/prepare_tools.py.
 """
 import hashlib
 import json
@@ -30,8 +29,7 @@ class DataError(RuntimeError):  # a data problem the user can fix: the message s
 
 
 class Tokenizer:
-    """GPT-2 BPE ('gpt2', tiktoken's encode_ordinary) or UTF-8 bytes ('byte': 0..255, end-of-text
-    256)."""
+    """GPT-2 BPE ('gpt2') or UTF-8 bytes ('byte': 0..255, end-of-text 256)."""
 
     def __init__(self, name, enc=None):
         self.name, self.enc = name, enc
@@ -57,7 +55,7 @@ class Tokenizer:
 
 
 def get_tokenizer(name, tiktoken_file=None):
-    """Offline, GPT-2's reads tiktoken_file (or $NANONORM_TIKTOKEN_FILE)."""
+    """Offline, GPT-2's reads tiktoken_file or $NANONORM_TIKTOKEN_FILE."""
     if name == "byte":
         return Tokenizer("byte")
     if name != "gpt2":
@@ -66,11 +64,10 @@ def get_tokenizer(name, tiktoken_file=None):
     return Tokenizer("gpt2", gpt2_encoding(tiktoken_file or os.environ.get(TIKTOKEN_ENV) or None))
 
 
-# ---------------------------------------------------------------------------- token files,
-# meta.json
+# ---------------------------------------------------------------------------- token files
 
 def load_split(dataset, split, data_dir=None):
-    """A split ('train', 'val', 'test') of data_dir (or data/<dataset>/), as a read-only memmap."""
+    """A split ('train', 'val', 'test') of data_dir or data/<dataset>/, as a read-only memmap."""
     folder = data_dir or os.path.join(DATA_DIR, dataset)
     path = os.path.join(folder, f"{split}.bin")
     rebuild = f"python data/{dataset}/prepare.py --force=True"
@@ -142,8 +139,8 @@ def load_meta(dataset, data_dir=None):
 
 
 def random_windows(n_tokens, count, length, seed=1337):
-    """The starts of `count` windows of `length` tokens in n_tokens, from a fixed seed: train.py and
-    analyze.py draw them alike (the first k do not depend on count)."""
+    """The starts of `count` windows of `length` tokens, seeded: train.py's and analyze.py's (the
+    first k do not depend on count)."""
     if n_tokens < length:
         raise DataError(f"{n_tokens:,} tokens are too few for windows of {length} tokens; use a "
                         "smaller block_size")
@@ -151,7 +148,7 @@ def random_windows(n_tokens, count, length, seed=1337):
 
 
 def token_counts(tokens, minlength=0, chunk=1 << 24):
-    """How often each id occurs, counted in chunks: a 118M-token budget needs no big copy."""
+    """How often each id occurs, counted in chunks (no copy of a 118M-token budget)."""
     counts = np.zeros(minlength, dtype=np.int64)
     for k in range(0, len(tokens), chunk):
         c = np.bincount(np.asarray(tokens[k:k + chunk]))
@@ -165,26 +162,25 @@ def entropy_of(counts):  # in nats: the loss of a model predicting only these fr
     return float(-(p * np.log(p)).sum())
 
 
-# ---------------------------------------------------------------------------- what train.py trains
-# on
+# ---------------------------------------------------------------------------- what train.py reads
 
 def data_budget(train, train_tokens, budget_docs=None, meta=None):
-    """The train split's first train_tokens (all for None), or with budget_docs a seeded subset of
-    whole documents (annex/protocol.py)."""
+    """The first train_tokens (None: all), or with budget_docs a seeded subset of whole documents
+    (annex/protocol.py)."""
     if budget_docs is None:
         return train[:train_tokens]
     protocol = annex('protocol', 'budget_docs')
     return protocol.budget_tokens(train, train_tokens, budget_docs, protocol.eot_id(meta))
 
 
-def derived_seed(*parts):  # from all its parts (seed, purpose, step...): independent, reproducible
+def derived_seed(*parts):  # of all its parts (seed, purpose, step...): independent, reproducible
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, 'little') >> 1
 
 
 def micro_batches(n, world, rank, batch_size):
-    """This process's share of n samples as (first, count) micro-batches of <= batch_size. Shares
-    differ by one sample at most; every process runs as many micro-batches (FSDP needs that)."""
+    """This process's share of n samples as (first, count) micro-batches of <= batch_size; every
+    process runs as many (FSDP needs that)."""
     lo, hi = rank * n // world, (rank + 1) * n // world
     count = -(-(-(-n // world)) // batch_size)  # ceil(ceil(n / world) / batch_size)
     bounds = [lo + (hi - lo) * k // count for k in range(count + 1)]
@@ -192,10 +188,9 @@ def micro_batches(n, world, rank, batch_size):
 
 
 class TokenData:
-    """Windows of block_size tokens of the budget, next tokens as targets. A step's windows depend
-    on (seed, step) alone: resumed and multi-process runs see the single-process batches. Fixed
-    eval windows: analyze.py's on train, spread evenly on val; with paper_val, 'val_paper'
-    redrawn."""
+    """Windows of block_size tokens of the budget, next tokens as targets, a step's from (seed, step)
+    alone: resumed and multi-process runs see the same batches. Fixed eval windows: analyze.py's on
+    train, spread evenly on val."""
     unit, predicted = 'tokens', 'token'
 
     def __init__(self, train, val, block_size, eval_count, eval_seed, paper_val=None):
@@ -217,8 +212,7 @@ class TokenData:
         return f'python sample.py --out_dir={out_dir}; python analyze.py all {out_dir}'
 
     def draw(self, seed, step, count, split='train'):
-        """Where the `count` windows of step `step` start; a window and its targets end in the
-        split."""
+        """Where the `count` windows of step `step` start, inside the split."""
         g = torch.Generator().manual_seed(derived_seed(seed, split, step))
         return torch.randint(len(getattr(self, split)) - self.block_size, (count,), generator=g)
 
@@ -237,8 +231,8 @@ def to_device(t, device):
 
 
 def open_data(cfg, env, eval_seed):
-    """train.py's (meta.json, TokenData or annex/vit.py's ImageData), checked, cfg.vocab_size filled
-    in; the default corpus, pydocs, built on first use."""
+    """train.py's (meta.json, TokenData or a ViT's ImageData), cfg.vocab_size filled in; the default
+    corpus, pydocs, built on first use."""
     try:
         if cfg.dataset == 'pydocs' and cfg.data_dir is None and not os.path.exists(
                 os.path.join(DATA_DIR, 'pydocs', 'meta.json')):
@@ -264,7 +258,7 @@ def open_data(cfg, env, eval_seed):
 
 
 def open_tokens(cfg, meta, eval_count, eval_seed):
-    """TokenData of the budget, its sizes and ids checked against block_size and the vocabulary."""
+    """TokenData of the budget, checked against block_size and the vocabulary."""
     train, val = (load_split(cfg.dataset, s, data_dir=cfg.data_dir) for s in ('train', 'val'))
     paper = None
     if cfg.paper_val:
@@ -293,8 +287,7 @@ def open_tokens(cfg, meta, eval_count, eval_seed):
 # ---------------------------------------------------------------------------- files
 
 def atomic_write(path, write):
-    """write(f) to a temporary file, fsync, rename it to `path`: a crash leaves the old file or the
-    new."""
+    """write(f) to a temporary file, fsync, rename: a crash leaves the old file or the new."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "wb") as f:

@@ -133,6 +133,8 @@ def test_fsdp_compiled_matches_one_process_and_its_shards_export(data_dir, tmp_p
     shutil.copytree(out, copy)
     with pytest.raises(FileNotFoundError, match='export it first: python annex/cluster.py export .*best'):
         load_checkpoint(out, which='best')
+    with pytest.raises(FileNotFoundError, match=r'export .* --which=best$'):  # sample.py's, analyze's
+        load_checkpoint(os.path.join(out, 'best.pt'))
     assert cluster.export(out, 'best') == os.path.join(out, 'best.pt')
     weights, _ = exported(out)
     w1 = torch.load(os.path.join(one, 'ckpt.pt'), weights_only=True)['model']
