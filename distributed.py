@@ -1,7 +1,4 @@
-"""
-Where and how train.py's processes run: its keys checked; the device and precision (every script's);
-torchrun's processes, stop signals, collectives' timeouts, and any_failed: no process goes on alone.
-"""
+"""train.py's checks; every script's device and precision; torchrun's processes."""
 import functools
 import importlib.util
 import os
@@ -44,11 +41,9 @@ def check_train_config(cfg, world):
                          '--out_dir=NEW, --init_from=resume (or auto), or --overwrite=True')
     if cfg.dtype not in ('float32', 'bfloat16'):
         raise SystemExit("error: dtype must be 'float32' or 'bfloat16'")
-    sizes = [cfg.eval_interval, cfg.log_interval, cfg.eval_iters, cfg.batch_size, cfg.block_size,
-             cfg.gradient_accumulation_steps]
-    if cfg.eval_interval_warmup is not None:  # None: eval_interval's
-        sizes.append(cfg.eval_interval_warmup)
-    if min(sizes) <= 0:
+    warmup = cfg.eval_interval if cfg.eval_interval_warmup is None else cfg.eval_interval_warmup
+    if min(cfg.eval_interval, cfg.log_interval, cfg.eval_iters, cfg.batch_size, cfg.block_size,
+           cfg.gradient_accumulation_steps, warmup) <= 0:
         raise SystemExit('error: eval_interval, eval_interval_warmup, log_interval, eval_iters, '
                          'batch_size, block_size and gradient_accumulation_steps must be positive')
     if cfg.max_iters < 0 or cfg.paper_val < 0:
@@ -65,17 +60,15 @@ def check_train_config(cfg, world):
 
 
 def pick_device(device=None):
-    """The device asked for (an error if this machine lacks it); None: cuda, else mps, else cpu."""
+    """The device named, checked; None or 'auto': cuda, else mps, else cpu."""
+    have = {'cuda': torch.cuda.is_available(), 'mps': torch.backends.mps.is_available()}
     if device in (None, 'auto'):
-        if torch.cuda.is_available():
-            return 'cuda'
-        return 'mps' if torch.backends.mps.is_available() else 'cpu'
+        return next((kind for kind, ok in have.items() if ok), 'cpu')
     try:
         kind = torch.device(device).type
     except RuntimeError:
         raise ValueError(f"device={device!r} is not a device name; use 'cpu', 'cuda', 'cuda:1' or "
                          "'mps'") from None
-    have = {'cuda': torch.cuda.is_available(), 'mps': torch.backends.mps.is_available()}
     if not have.get(kind, True):
         raise ValueError(f"device={device!r}, but this machine has no {kind} device; use "
                          "device='cpu'")
@@ -83,17 +76,15 @@ def pick_device(device=None):
 
 
 def precision(device, dtype=None):
-    """(dtype, the context to run the model in): None = bfloat16 autocast on CUDA where supported,
-    else float32 (on CUDA with TF32 matmuls)."""
+    """(dtype, the model's context); dtype None: bfloat16 where CUDA has it, else float32."""
     kind = torch.device(device).type
     if not dtype:
         dtype = 'bfloat16' if kind == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
     if kind == 'cuda':
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    if dtype == 'float32':
-        return dtype, nullcontext()
-    return dtype, torch.autocast(kind, dtype=getattr(torch, dtype))
+    ctx = nullcontext() if dtype == 'float32' else torch.autocast(kind, dtype=getattr(torch, dtype))
+    return dtype, ctx
 
 
 def world_size():  # processes in the job: torchrun's (or srun's, made torchrun's), else 1
@@ -101,7 +92,7 @@ def world_size():  # processes in the job: torchrun's (or srun's, made torchrun'
 
 
 def setup(cfg, stop_signals):
-    """The processes (under torchrun), this one's device and precision; stop signals set env.stop."""
+    """This process's env, in torchrun's group if under it; stop signals fill env.stop."""
     ddp = 'RANK' in os.environ
     rank, local_rank = int(os.environ.get('RANK', 0)), int(os.environ.get('LOCAL_RANK', 0))
     device = cfg.device
@@ -129,8 +120,6 @@ def request_stop(env, signum, frame):
 
 
 def set_timeout(env, seconds):
-    """How long collectives wait for a lost process (torchtitan's: long while compiling and saving,
-    short for steps), on the default group and HSDP's mesh groups."""
     for group in env.groups if env.ddp else []:
         dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds), group)
 

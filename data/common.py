@@ -1,8 +1,4 @@
-"""
-The data as every script reads it: two tokenizers, token files (data/<dataset>/{train,val,test}.bin
-and meta.json), the windows train.py trains on, files written atomically. The prepare scripts' tools
-are in data/prepare_tools.py.
-"""
+"""The data as every script reads it: tokenizers, token files, train.py's windows, atomic writes."""
 import hashlib
 import json
 import os
@@ -29,8 +25,6 @@ class DataError(RuntimeError):  # a data problem the user can fix: the message s
 
 
 class Tokenizer:
-    """GPT-2 BPE ('gpt2') or UTF-8 bytes ('byte': 0..255, end-of-text 256)."""
-
     def __init__(self, name, enc=None):
         self.name, self.enc = name, enc
         self.eot = enc.eot_token if enc else EOT["byte"]
@@ -42,32 +36,28 @@ class Tokenizer:
     def decode(self, ids):
         if self.enc:
             return self.enc.decode(list(ids))
-        out, run = [], bytearray()
+        out = bytearray()  # "<" ends a cut UTF-8 sequence as the end of the bytes would
         for i in ids:
             if i == self.eot:
-                out += [run.decode("utf-8", errors="replace"), "<|endoftext|>"]
-                run = bytearray()
+                out += b"<|endoftext|>"
             elif 0 <= i < 256:
-                run.append(i)
+                out.append(i)
             else:  # past the vocabulary: a padded embedding table can sample one
-                run += "\ufffd".encode()
-        return "".join(out) + run.decode("utf-8", errors="replace")
+                out += "\ufffd".encode()
+        return out.decode("utf-8", errors="replace")
 
 
 def get_tokenizer(name, tiktoken_file=None):
-    """Offline, GPT-2's reads tiktoken_file or $NANONORM_TIKTOKEN_FILE."""
     if name == "byte":
         return Tokenizer("byte")
     if name != "gpt2":
         raise DataError(f"unknown tokenizer {name!r}: use 'gpt2' or 'byte'")
-    from data.prepare_tools import gpt2_encoding  # downloaded, or read from an offline copy
+    from data.prepare_tools import gpt2_encoding
     return Tokenizer("gpt2", gpt2_encoding(tiktoken_file or os.environ.get(TIKTOKEN_ENV) or None))
 
 
-# ---------------------------------------------------------------------------- token files
-
 def load_split(dataset, split, data_dir=None):
-    """A split ('train', 'val', 'test') of data_dir or data/<dataset>/, as a read-only memmap."""
+    """A split of data_dir or data/<dataset>/, as a read-only memmap."""
     folder = data_dir or os.path.join(DATA_DIR, dataset)
     path = os.path.join(folder, f"{split}.bin")
     rebuild = f"python data/{dataset}/prepare.py --force=True"
@@ -78,14 +68,14 @@ def load_split(dataset, split, data_dir=None):
         have = sorted(f[:-4] for f in os.listdir(folder) if f.endswith(".bin"))
         raise DataError(f"dataset {dataset!r} has no {split!r} split ({path} missing); it has "
                         f"{have}. If a file was deleted, rebuild with: {rebuild}")
-    if os.path.getsize(path) == 0:
+    size = os.path.getsize(path)
+    if size == 0:
         raise DataError(f"{path} is empty; rebuild with: {rebuild}")
     meta = load_meta(dataset, data_dir)
     dtype, count = np.dtype(meta.get("dtype", "uint16")), meta.get(f"{split}_tokens")
     if count is not None and (type(count) is not int or count < 1):
         raise DataError(f"{folder}/meta.json: '{split}_tokens' must be the number of tokens in "
                         f"{split}.bin (a positive int), got {count!r}; {FOLDER_FORMAT}")
-    size = os.path.getsize(path)
     n = size / dtype.itemsize
     if n != int(n) and count is None:
         raise DataError(f"{path} has {size:,} bytes, not a whole number of {dtype} ids: truncated, "
@@ -123,7 +113,6 @@ def load_meta(dataset, data_dir=None):
     if meta["kind"] == "images":
         return meta
     vocab = meta.get("vocab_size")
-    wrong = None
     if meta.get("tokenizer") not in ("byte", "gpt2"):
         wrong = f"""'tokenizer' must be "byte" or "gpt2", got {meta.get('tokenizer')!r}"""
     elif type(vocab) is not int or vocab < 1:
@@ -133,14 +122,13 @@ def load_meta(dataset, data_dir=None):
                  f"vocab_size), got {meta['eot']!r}")
     elif meta.get("dtype", "uint16") not in ("uint16", "uint32"):
         wrong = f"""'dtype' must be "uint16" or "uint32" (the ids' type), got {meta['dtype']!r}"""
-    if wrong:
-        raise DataError(f"{path}: {wrong}; {FOLDER_FORMAT}")
-    return meta
+    else:  # every field checked
+        return meta
+    raise DataError(f"{path}: {wrong}; {FOLDER_FORMAT}")
 
 
 def random_windows(n_tokens, count, length, seed=1337):
-    """The starts of `count` windows of `length` tokens, seeded: train.py's and analyze.py's (the
-    first k do not depend on count)."""
+    """Seeded starts of `count` windows of `length` tokens; the first k do not depend on count."""
     if n_tokens < length:
         raise DataError(f"{n_tokens:,} tokens are too few for windows of {length} tokens; use a "
                         "smaller block_size")
@@ -151,9 +139,8 @@ def token_counts(tokens, minlength=0, chunk=1 << 24):
     """How often each id occurs, counted in chunks (no copy of a 118M-token budget)."""
     counts = np.zeros(minlength, dtype=np.int64)
     for k in range(0, len(tokens), chunk):
-        c = np.bincount(np.asarray(tokens[k:k + chunk]))
-        counts = np.pad(counts, (0, max(len(c) - len(counts), 0)))
-        counts[:len(c)] += c
+        c = np.bincount(np.asarray(tokens[k:k + chunk]), minlength=len(counts))
+        counts = np.pad(counts, (0, len(c) - len(counts))) + c
     return counts
 
 
@@ -162,11 +149,8 @@ def entropy_of(counts):  # in nats: the loss of a model predicting only these fr
     return float(-(p * np.log(p)).sum())
 
 
-# ---------------------------------------------------------------------------- what train.py reads
-
 def data_budget(train, train_tokens, budget_docs=None, meta=None):
-    """The first train_tokens (None: all), or with budget_docs a seeded subset of whole documents
-    (annex/protocol.py)."""
+    """The first train_tokens (None: all); with budget_docs, a seeded subset of whole documents."""
     if budget_docs is None:
         return train[:train_tokens]
     protocol = annex('protocol', 'budget_docs')
@@ -179,8 +163,7 @@ def derived_seed(*parts):  # of all its parts (seed, purpose, step...): independ
 
 
 def micro_batches(n, world, rank, batch_size):
-    """This process's share of n samples as (first, count) micro-batches of <= batch_size; every
-    process runs as many (FSDP needs that)."""
+    """This rank's share of n: (first, count) micro-batches <= batch_size, as many on all (FSDP)."""
     lo, hi = rank * n // world, (rank + 1) * n // world
     count = -(-(-(-n // world)) // batch_size)  # ceil(ceil(n / world) / batch_size)
     bounds = [lo + (hi - lo) * k // count for k in range(count + 1)]
@@ -188,9 +171,7 @@ def micro_batches(n, world, rank, batch_size):
 
 
 class TokenData:
-    """Windows of block_size tokens of the budget, next tokens as targets, a step's from (seed, step)
-    alone: resumed and multi-process runs see the same batches. Fixed eval windows: analyze.py's on
-    train, spread evenly on val."""
+    """Windows and their next tokens, a step's from (seed, step) alone: resumable, multi-process."""
     unit, predicted = 'tokens', 'token'
 
     def __init__(self, train, val, block_size, eval_count, eval_seed, paper_val=None):
@@ -198,8 +179,8 @@ class TokenData:
         self.n_train, self.per_sample = len(train), block_size
         counts = token_counts(train)  # one pass: the largest id, and a collapsed model's loss
         self.top_id, self.entropy = len(counts) - 1, entropy_of(counts)
-        self.eval_ids = {'train': torch.from_numpy(random_windows(len(train), eval_count,
-                                                                  block_size + 1, eval_seed)),
+        windows = random_windows(len(train), eval_count, block_size + 1, eval_seed)
+        self.eval_ids = {'train': torch.from_numpy(windows),
                          'val': torch.linspace(0, len(val) - block_size - 1, eval_count).long()}
 
     def model_args(self, config):  # a GPT's, from train.py's config
@@ -211,17 +192,15 @@ class TokenData:
     def next_steps(self, out_dir):  # what train.py suggests once a run has finished
         return f'python sample.py --out_dir={out_dir}; python analyze.py all {out_dir}'
 
-    def draw(self, seed, step, count, split='train'):
-        """Where the `count` windows of step `step` start, inside the split."""
+    def draw(self, seed, step, count, split='train'):  # where a step's windows start
         g = torch.Generator().manual_seed(derived_seed(seed, split, step))
         return torch.randint(len(getattr(self, split)) - self.block_size, (count,), generator=g)
 
     def batch(self, split, starts, device):
         data, T = getattr(self, split), self.block_size
-        x = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in starts.tolist()])
-        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64))
-                         for i in starts.tolist()])
-        return to_device(x, device), to_device(y, device)
+        rows = [torch.from_numpy(data[i:i + T + 1].astype(np.int64)) for i in starts.tolist()]
+        xy = torch.stack(rows)  # each window with the token after it
+        return to_device(xy[:, :-1].contiguous(), device), to_device(xy[:, 1:].contiguous(), device)
 
 
 def to_device(t, device):
@@ -231,8 +210,7 @@ def to_device(t, device):
 
 
 def open_data(cfg, env, eval_seed):
-    """train.py's (meta.json, TokenData or a ViT's ImageData), cfg.vocab_size filled in; the default
-    corpus, pydocs, built on first use."""
+    """train.py's (meta, TokenData or ImageData), cfg.vocab_size set; pydocs built if missing."""
     try:
         if cfg.dataset == 'pydocs' and cfg.data_dir is None and not os.path.exists(
                 os.path.join(DATA_DIR, 'pydocs', 'meta.json')):
@@ -258,7 +236,6 @@ def open_data(cfg, env, eval_seed):
 
 
 def open_tokens(cfg, meta, eval_count, eval_seed):
-    """TokenData of the budget, checked against block_size and the vocabulary."""
     train, val = (load_split(cfg.dataset, s, data_dir=cfg.data_dir) for s in ('train', 'val'))
     paper = None
     if cfg.paper_val:
@@ -274,8 +251,7 @@ def open_tokens(cfg, meta, eval_count, eval_seed):
                         f'shorter than block_size+1 ({cfg.block_size + 1})')
     data = TokenData(data_budget(train, cfg.train_tokens, cfg.budget_docs, meta), val,
                      cfg.block_size, eval_count, eval_seed, paper)
-    val_top = max(int(val[k:k + (1 << 24)].max()) for k in range(0, len(val), 1 << 24))
-    for split, top in (('train', data.top_id), ('val', val_top)):
+    for split, top in (('train', data.top_id), ('val', int(val.max()))):
         if top >= meta['vocab_size']:  # ids past the vocabulary: garbage
             raise DataError(f"the {split} split (as trained on) holds token id {top:,}, but "
                             f"meta.json's vocab_size is {meta['vocab_size']:,}: ids must be below "
@@ -283,8 +259,6 @@ def open_tokens(cfg, meta, eval_count, eval_seed):
                             '"dtype"?)')
     return data
 
-
-# ---------------------------------------------------------------------------- files
 
 def atomic_write(path, write):
     """write(f) to a temporary file, fsync, rename: a crash leaves the old file or the new."""
