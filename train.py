@@ -128,13 +128,12 @@ def main(argv):
     handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     try:
         env = setup(cfg, STOP_SIGNALS)
-        status = train(cfg, env)
-        if env.ddp:
+        return train(cfg, env)
+    finally:  # on every exit, errors too: a group left to the interpreter's exit can abort it
+        if dist.is_initialized():
             gc.collect()  # the model freed before its process group (FSDP hooks hold cycles)
             dist.destroy_process_group()
-        return status
-    finally:  # main() may run again in the same process (tests, notebooks)
-        for sig, handler in handlers.items():
+        for sig, handler in handlers.items():  # main() may run again (tests, notebooks)
             signal.signal(sig, handler)
 
 
