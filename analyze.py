@@ -1,21 +1,16 @@
-"""
-Measure what the study's explanation rests on (Verma 2026; docs/analysis.md), runs side by side:
-  saturation  the fraction of |f| > tanh(t) per point-wise norm layer (DyT: |alpha x| > t), on the
-              first of train.py's train eval windows; every norm layer's input std
-  spectra     HTSR of every 2-D weight: the power-law alpha of the eigenvalues of W^T W
-              (WeightWatcher's fit), lambda_max, alpha_weighted, stable rank
-  rank        effective rank (Roy & Vetterli) of each block's output and of each weight
-  alpha       the learned DyT/Derf alpha against 1/std of the layer's input; their Pearson r
-  all         everything, with one forward pass and one eigendecomposition per matrix
-
-  python analyze.py saturation out-dyt                     # a directory means its ckpt.pt
+"""Measure what the study's explanation rests on (Verma 2026; docs/analysis.md), runs side by side:
+  saturation  fraction of |f| > tanh(t) per point-wise norm layer (DyT: |alpha x| > t), and
+              each norm layer's input std, on train.py's first train eval windows
+  spectra     HTSR per 2-D weight: WeightWatcher's alpha of W^T W's ESD, alpha_weighted, stable rank
+  rank        effective rank (Roy & Vetterli) of each block's output and each weight
+  alpha       learned DyT/Derf alpha against 1 / input std, their Pearson r (annex/alpha.py)
+  all         each of them: one forward pass, one eigendecomposition per matrix
+  python analyze.py saturation out-dyt  # a directory means its ckpt.pt
   python analyze.py all out-ln out-dyt --ckpt=best --json=cmp.json --plot=figs
 Options: train_tokens (-1 = the model's budget, 0 = all), block_size (0 = the model's), max_n
-(skip weights with a longer side), json=FILE (docs/analysis.md), plot=DIR.
-"""
+(skip weights with a longer side), json=FILE (docs/analysis.md), plot=DIR."""
 import difflib
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -28,20 +23,16 @@ from configurator import annex, configure, split_args
 from data.common import DataError, data_budget, load_meta, load_split, random_windows, write_json
 from distributed import pick_device
 
-SECTIONS = dict(saturation=("saturation",), spectra=("spectra",), rank=("rank",), alpha=("alpha",),
-                all=("saturation", "spectra", "rank", "alpha"))
+MEASURES = ("saturation", "spectra", "rank", "alpha")
+SECTIONS = dict({m: (m,) for m in MEASURES}, all=MEASURES)  # each command's measures
 DEFAULTS = dict(ckpt="latest", windows=50, seed=1337, block_size=0, batch_size=10, device="auto",
                 min_evals=50, max_evals=5000, max_n=50000, dataset="", data_dir="",
                 train_tokens=-1, json="", plot="")
-HEADLINE_T = 2.0  # the study's headline threshold: tanh(2) is 96% of its limit
-EVALS_THRESH = 1e-5  # as WeightWatcher: eigenvalues at or below this count as zero, not fitted
+HEADLINE_T = 2.0  # the study's headline t: tanh(2) is 96% of the bound
+EVALS_THRESH = 1e-5  # WeightWatcher's: eigenvalues <= this are zeros
 
 
-# ------------------------------------------------------------------------------ the math
-
-def fit_powerlaw(evals):
-    """WeightWatcher's power-law fit of an ESD's tail (Clauset et al. 2009): the xmin of least KS
-    distance D, the empirical CDF at the k-th of n points being k/n."""
+def fit_powerlaw(evals):  # WeightWatcher's fit of an ESD's tail (Clauset et al. 2009): least KS D
     x = np.sort(np.asarray(evals, dtype=np.float64))
     x = x[x > EVALS_THRESH]
     N = len(x)
@@ -53,51 +44,42 @@ def fit_powerlaw(evals):
     tail_log_sum = np.cumsum(logx[::-1])[::-1][:-1]
     with np.errstate(divide="ignore", invalid="ignore"):
         alphas = 1 + n / (tail_log_sum - n * logx[:-1])
-    ok = np.isfinite(alphas) & (alphas > 1)      # a tail of equal values has no fit: D stays 1
+    ok = np.isfinite(alphas) & (alphas > 1)  # a tail of equal values has no fit: D stays 1
     Ds = np.ones(N - 1)
     j = np.arange(N)
-    step = max(1, 2_000_000 // N)                # bound the (candidates x points) grid's memory
+    step = max(1, 2_000_000 // N)  # bounds the (candidates x points) grid
     for s in range(0, N - 1, step):
         c = cand[s:s + step, None]
         a = np.where(ok[s:s + step], alphas[s:s + step], 2.0)[:, None]
         log_ratio = np.maximum(logx[None, :] - logx[c], 0.0)  # points below xmin: masked below
-        gap = np.abs(1 - np.exp((1 - a) * log_ratio) - (j - c) / n[c])
+        gap = np.abs(1 - np.exp((1 - a) * log_ratio) - (j - c) / n[c])  # empirical CDF: k/n
         gap[j[None, :] < c] = 0.0
         Ds[s:s + step] = np.where(ok[s:s + step], gap.max(axis=1), 1.0)
     b = int(np.argmin(Ds))
     return dict(alpha=float(alphas[b]), xmin=float(x[b]), D=float(Ds[b]), num_tail=int(n[b]))
 
 
-def effective_rank(s):
-    """Roy & Vetterli (2007): exp of the entropy of the normalised singular values."""
+def effective_rank(s):  # Roy & Vetterli (2007): exp(entropy of the normalised singular values)
     s = np.asarray(s, dtype=np.float64)
     p = s[s > 0] / s.sum()
     return float(np.exp(-(p * np.log(p)).sum()))
 
 
-def float64_device(device):  # where float64 work is done: on the device, but for Apple GPUs
+def float64_device(device):  # float64 work's: the device, but not MPS (no float64)
     device = torch.device(device)
     return torch.device("cpu") if device.type == "mps" else device
 
 
-def eigenvalues(mats):
-    """W^T W's eigenvalues (ascending): eigvalsh of the short side's Gram, ~10x an SVD's speed."""
-    groups, out = {}, {}
+def eigenvalues(mats):  # W^T W's, ascending: eigvalsh of the smaller Gram, ~10x an SVD's speed
+    out = {}
     for name, W in mats.items():
-        groups.setdefault(tuple(W.shape), []).append(name)
-    for (r, c), names in groups.items():
-        per_call = max(1, (256 << 20) // (8 * r * c))  # ~256 MB of float64 per call
-        for k in range(0, len(names), per_call):
-            chunk = names[k:k + per_call]
-            W = torch.stack([mats[n] for n in chunk])
-            W = W.to(float64_device(W.device)).double()
-            gram = W @ W.mT if r <= c else W.mT @ W
-            out.update(zip(chunk, torch.linalg.eigvalsh(gram).clamp(min=0).cpu().numpy()))
-    return {name: out[name] for name in mats}
+        W = W.to(float64_device(W.device)).double()
+        gram = W @ W.T if W.shape[0] <= W.shape[1] else W.T @ W
+        out[name] = torch.linalg.eigvalsh(gram).clamp(min=0).cpu().numpy()
+    return out
 
 
 def spectra(mats, evals, skipped):
-    """HTSR figures of each weight matrix, and their means."""
     layers = {}
     for name, ev in evals.items():
         fit = fit_powerlaw(ev)
@@ -109,14 +91,12 @@ def spectra(mats, evals, skipped):
                             alpha_weighted=fit["alpha"] * math.log10(lmax),
                             stable_rank=float(ev.sum() / lmax))
     res = dict(layers=layers, skipped=skipped)
-    for key, f, field in (("mean_alpha", np.mean, "alpha"), ("median_alpha", np.median, "alpha"),
-                          ("mean_alpha_weighted", np.mean, "alpha_weighted"),
-                          ("mean_stable_rank", np.mean, "stable_rank")):
-        res[key] = float(f([v[field] for v in layers.values()])) if layers else None
+    for key, stat, field in (("mean_alpha", np.mean, "alpha"), ("median_alpha", np.median, "alpha"),
+                             ("mean_alpha_weighted", np.mean, "alpha_weighted"),
+                             ("mean_stable_rank", np.mean, "stable_rank")):
+        res[key] = float(stat([v[field] for v in layers.values()])) if layers else None
     return res
 
-
-# ------------------------------------------------------------------------------ model measurements
 
 def weight_matrices(model, min_evals, max_evals, max_n):
     """The 2-D weights (a tied one once), filtered as WeightWatcher's min/max_evals and max_N."""
@@ -136,22 +116,21 @@ def weight_matrices(model, min_evals, max_evals, max_n):
     return keep, skipped
 
 
-def sample_windows(data, count, block_size, seed):  # the first tokens of train.py's eval windows
+def sample_windows(data, count, block_size, seed):  # train.py's eval windows' first tokens
     starts = random_windows(len(data), count, block_size + 1, seed)
     return torch.from_numpy(np.stack([data[s:s + block_size] for s in starts]).astype(np.int64))
 
 
 @torch.no_grad()
 def forward_stats(model, windows, batch_size=10, block_ranks=False):
-    """norm_stats.read's figures of the windows and, with block_ranks, each block output's erank."""
+    """norm_stats.read's figures and, with block_ranks, each block output's effective rank."""
     device = next(model.parameters()).device
-    grams = {}  # block -> the sum of A^T A in float64: A's singular values without keeping A
+    grams = {}  # block: sum of A^T A (float64), A's spectrum without A
 
     def accumulate(block, inputs, out):
         a = out.reshape(-1, out.shape[-1]).to(float64_device(device)).double()
         grams[block] = grams.get(block, 0) + a.T @ a
-    blocks = model.transformer.h if block_ranks else []
-    handles = [block.register_forward_hook(accumulate) for block in blocks]
+    handles = [b.register_forward_hook(accumulate) for b in model.transformer.h if block_ranks]
     was_training = model.training
     model.eval()
     norm_stats.record(model)
@@ -165,18 +144,8 @@ def forward_stats(model, windows, batch_size=10, block_ranks=False):
         for h in handles:
             h.remove()
     ranks = [effective_rank(torch.linalg.eigvalsh(g).clamp(min=0).sqrt().cpu().numpy())
-             for g in grams.values()]  # in the blocks' order, the order they ran in
+             for g in grams.values()]  # in the order the blocks ran
     return dict(norm=stats, block_ranks=ranks or None)
-
-
-def alpha_vs_std(stats):
-    """DyT/Derf layers' alpha against 1/std of their input (the DyT paper: it tracks 1/std)."""
-    layers = {name: dict(alpha=l["alpha"], input_std=l["input_std"], inv_std=1.0 / l["input_std"])
-              for name, l in stats["layers"].items() if l["alpha"] is not None}
-    a = np.array([v["alpha"] for v in layers.values()])
-    b = np.array([v["inv_std"] for v in layers.values()])
-    r = float(np.corrcoef(a, b)[0, 1]) if len(a) > 1 and a.std() > 0 and b.std() > 0 else None
-    return dict(layers=layers, pearson=r)
 
 
 def measurement_windows(model, ckpt, opts):
@@ -187,14 +156,14 @@ def measurement_windows(model, ckpt, opts):
         raise SystemExit("analyze.py: the checkpoint names no dataset; pass --dataset=NAME")
     data_dir = opts["data_dir"] or (None if opts["dataset"] else cfg.get("data_dir"))
     block_size = opts["block_size"] or model.config.block_size
-    if block_size > model.config.block_size and "patch_size" not in ckpt["model_args"]:
-        raise SystemExit(f"analyze.py: --block_size={block_size} exceeds the model's "
-                         f"{model.config.block_size}")
-    own = opts["train_tokens"] < 0  # the model's budget: its prefix, or its subset of documents
+    own = opts["train_tokens"] < 0  # the model's budget (a prefix, or documents)
     try:
         if "patch_size" in ckpt["model_args"]:
             vit = annex("vit", "a ViT checkpoint")
             return (dataset, *vit.analysis_images(dataset, data_dir, opts["windows"], opts["seed"]))
+        if block_size > model.config.block_size:
+            raise SystemExit(f"analyze.py: --block_size={block_size} exceeds the model's "
+                             f"{model.config.block_size}")
         data = data_budget(load_split(dataset, "train", data_dir),
                            cfg.get("train_tokens") if own else opts["train_tokens"] or None,
                            cfg.get("budget_docs") if own else None, load_meta(dataset, data_dir))
@@ -204,22 +173,21 @@ def measurement_windows(model, ckpt, opts):
                          "--dataset=NAME / --data_dir=DIR for other data)") from None
     if int(windows.max()) >= model.config.vocab_size:
         raise SystemExit(f"analyze.py: dataset '{dataset}' has token ids >= the model's vocab_size "
-                         f"{model.config.vocab_size}: not the data this model was trained on; pass "
-                         "--dataset=NAME")
+                         f"{model.config.vocab_size}: not its training data; pass --dataset=NAME")
     return dataset, windows, len(data)
 
 
-def analyze(path, command, opts):
-    """One checkpoint's figures (the JSON schema), and its eigenvalues for plots."""
+def analyze(path, command, opts):  # its figures (the JSON) and eigenvalues (plots)
     try:
         model, ckpt = load_checkpoint(path, device=opts["device"])
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"analyze.py: {e}") from None
-    want = SECTIONS[command]
+    want = set(SECTIONS[command])
+    alpha = annex("alpha", "analyze.py alpha") if command == "alpha" else annex("alpha")
     res = dict(path=str(path), iter_num=ckpt.get("iter_num"),
                dataset=ckpt.get("config", {}).get("dataset"), norm=model.config.norm,
                model_args=ckpt["model_args"])
-    if {"saturation", "alpha", "rank"} & set(want):
+    if want - {"spectra"}:  # the others need a forward pass
         res["dataset"], windows, tokens = measurement_windows(model, ckpt, opts)
         T = model.config.block_size if windows.dim() == 4 else windows.shape[1]  # images: patches
         res["windows"] = dict(count=len(windows), block_size=T, seed=opts["seed"], split="train",
@@ -230,9 +198,9 @@ def analyze(path, command, opts):
         at_2 = ns["saturation"][ns["thresholds"].index(HEADLINE_T)] if ns["saturation"] else None
         res["saturation"] = {"thresholds": ns["thresholds"], "global": ns["saturation"],
                              "layers": ns["layers"], "global_at_2": at_2}
-    if "alpha" in want:
-        res["alpha"] = alpha_vs_std(ns)
-    if "spectra" in want or "rank" in want:
+    if "alpha" in want and alpha:  # the DyT paper's check; `all` without annex/alpha.py skips it
+        res["alpha"] = alpha.alpha_vs_std(ns)
+    if want & {"spectra", "rank"}:
         mats, skipped = weight_matrices(model, opts["min_evals"], opts["max_evals"], opts["max_n"])
         evals = eigenvalues(mats)
         if "spectra" in want:
@@ -244,23 +212,21 @@ def analyze(path, command, opts):
     return res, evals if "spectra" in want else {}
 
 
-# ------------------------------------------------------------------------------------------ output
-
 def fmt(v, spec=".4g"):
     return "-" if v is None else format(v, spec)
 
 
 def print_table(title, labels, rows, fields=("",)):
-    """rows: (name, [cell per checkpoint]); with fields, a cell is a string per sub-column."""
+    """rows: (name, [cell per checkpoint]), a cell a string per field or one ("-") for them all."""
+    rows = [(name, [c if isinstance(c, tuple) else (c,) * len(fields) for c in cells])
+            for name, cells in rows]
     if any(fields):  # their names over the sub-columns
-        rows = [("", [fields] * len(labels))] + rows
-    else:  # one string per checkpoint
-        rows = [(name, [(c,) for c in cells]) for name, cells in rows]
+        rows.insert(0, ("", [fields] * len(labels)))
     columns = []
-    for k, lab in enumerate(labels):  # a checkpoint's label over its cells, right-aligned
+    for k, lab in enumerate(labels):  # its label over its cells, right-aligned
         cells = [r[1][k] for r in rows]
-        ws = [max([len(f)] + [len(c[j]) for c in cells]) for j, f in enumerate(fields)]
-        col = [lab] + [sub_columns(c, ws) for c in cells]
+        ws = [max(map(len, sub)) for sub in zip(*cells)]
+        col = [lab] + ["  ".join(c.rjust(w) for c, w in zip(cell, ws)) for cell in cells]
         width = max(map(len, col))
         columns.append([s.rjust(width) for s in col])
     w0 = max([len(name) for name, _ in rows] + [8])
@@ -269,40 +235,31 @@ def print_table(title, labels, rows, fields=("",)):
         print("    ".join([name.ljust(w0)] + groups).rstrip())
 
 
-def sub_columns(cell, widths):
-    return "  ".join(c.rjust(w) for c, w in zip(cell, widths))
-
-
-def rows_by_name(tables, cell, missing="-"):
-    """One row per name in any checkpoint's {name: value}; `missing` where one lacks it."""
+def rows_by_name(tables, cell):  # a row per name in any table; "-" where a checkpoint lacks it
     names = dict.fromkeys(n for t in tables for n in t)
-    return [(n, [cell(t[n]) if n in t else missing for t in tables]) for n in names]
+    return [(n, [cell(t[n]) if n in t else "-" for t in tables]) for n in names]
 
 
 def report(results, labels):
-    """The tables of each section the command measured, the checkpoints side by side."""
-    first = results[0]
-    if "saturation" in first:
-        sat, w = [r["saturation"] for r in results], first["windows"]
+    sat, sp, rk, al = ([r.get(s) for r in results] for s in MEASURES)
+    if sat[0]:
+        w, layers = results[0]["windows"], [s["layers"] for s in sat]
         lacking = [s["global"] is None for s in sat]
         print_notes(labels, lacking, "saturation", "; input std per layer follows")
         if not all(lacking):
             th = sat[0]["thresholds"]
-            at_t = th.index(HEADLINE_T)
-            rows = [(f"global t={t:g}", [fmt(s["global"][i], ".3f") if s["global"] else "-"
-                                         for s in sat]) for i, t in enumerate(th)]
-            rows += rows_by_name([s["layers"] for s in sat], lambda l: fmt(
-                l["saturation"][at_t], ".3f") if l["saturation"] else "-")
+            rows = rows_by_name([dict(zip([f"global t={t:g}" for t in th], s["global"] or ()))
+                                 for s in sat], lambda v: fmt(v, ".3f"))
+            rows += rows_by_name(layers, lambda l: fmt(
+                l["saturation"][th.index(HEADLINE_T)], ".3f") if l["saturation"] else "-")
             print_table(f"saturation: fraction of |alpha*x| > t, Derf's |erf| > tanh(t) (layers at "
                         f"t={HEADLINE_T:g}); {w['count']} train windows of {w['block_size']} "
                         f"tokens, seed {w['seed']}", labels, rows)
         print_table("input std per norm layer", labels,
-                    rows_by_name([s["layers"] for s in sat], lambda l: fmt(l["input_std"])))
-    if "spectra" in first:
-        sp = [r["spectra"] for r in results]
+                    rows_by_name(layers, lambda l: fmt(l["input_std"])))
+    if sp[0]:
         rows = rows_by_name([s["layers"] for s in sp], lambda l: (
-            f"{l['alpha']:.2f}", f"{l['alpha_weighted']:.2f}", f"{l['stable_rank']:.1f}"),
-            missing=("-",) * 3)
+            f"{l['alpha']:.2f}", f"{l['alpha_weighted']:.2f}", f"{l['stable_rank']:.1f}"))
         rows += [("mean", [(fmt(s["mean_alpha"], ".2f"), fmt(s["mean_alpha_weighted"], ".2f"),
                             fmt(s["mean_stable_rank"], ".1f")) for s in sp]),
                  ("median", [(fmt(s["median_alpha"], ".2f"), "", "") for s in sp]),
@@ -312,24 +269,15 @@ def report(results, labels):
                     "random-like, < 2 over-trained),\nalpha_w = alpha_weighted = alpha "
                     "log10(lambda_max), stable_rank = sum(lambda) / lambda_max", labels, rows,
                     fields=("alpha", "alpha_w", "stable_rank"))
-    if "rank" in first:
-        rk = [r["rank"] for r in results]
+    if rk[0]:
         blocks = [{f"block {i} output": v for i, v in enumerate(k["blocks"])} for k in rk]
         rows = rows_by_name(blocks, lambda v: fmt(v, ".1f"))
         rows += [("mean over blocks", [fmt(k["mean_blocks"], ".1f") for k in rk])]
         rows += rows_by_name([k["weights"] for k in rk], lambda v: fmt(v, ".1f"))
         rows += [("mean over weights", [fmt(k["mean_weights"], ".1f") for k in rk])]
         print_table("effective rank (Roy & Vetterli) of activations and weights", labels, rows)
-    if "alpha" in first:
-        al = [r["alpha"] for r in results]
-        lacking = [not a["layers"] for a in al]
-        print_notes(labels, lacking, "alpha")
-        if not all(lacking):
-            rows = rows_by_name([a["layers"] for a in al], lambda l: (
-                f"{l['alpha']:.3f}", f"{l['inv_std']:.3f}"), missing=("-", "-"))
-            rows += [("pearson r", [(fmt(a["pearson"], ".3f"), "") for a in al])]
-            print_table("DyT/Derf learned alpha against 1 / input std", labels, rows,
-                        fields=("alpha", "1/std"))
+    if al[0]:
+        annex("alpha").print_alpha(results, labels)
 
 
 def print_notes(labels, lacking, measure, then=""):  # for the checkpoints without such a layer
@@ -339,10 +287,13 @@ def print_notes(labels, lacking, measure, then=""):  # for the checkpoints witho
         print("\n" + "\n".join(notes))
 
 
-# ------------------------------------------------------------------------------ command line
+def label(path):  # its run folder, and the file's stem unless ckpt.pt
+    if not path.parent.name:
+        return path.stem
+    return path.parent.name if path.name == "ckpt.pt" else f"{path.parent.name}/{path.stem}"
 
-def parse_args(argv):
-    """<command> <checkpoint or run dir> ... and --key=value options."""
+
+def main(argv):
     pos, options = split_args(argv)
     opts = configure(DEFAULTS, options, doc=__doc__)
     if pos and pos[0] not in SECTIONS:
@@ -355,29 +306,20 @@ def parse_args(argv):
                          "[more ...] [--key=value ...]")
     if opts["windows"] < 1 or opts["batch_size"] < 1:
         raise SystemExit("analyze.py: --windows and --batch_size must be positive")
+    command = pos[0]
     try:
         opts["device"] = pick_device(opts["device"])
-        return pos[0], [Path(checkpoint_file(p, opts["ckpt"])) for p in pos[1:]], opts
+        paths = [Path(checkpoint_file(p, opts["ckpt"])) for p in pos[1:]]
     except ValueError as e:
         raise SystemExit(f"analyze.py: {e}") from None
-
-
-def label(path):  # a checkpoint's column: its run directory, and the file's stem unless ckpt.pt
-    if not path.parent.name:
-        return path.stem
-    return path.parent.name if path.name == "ckpt.pt" else f"{path.parent.name}/{path.stem}"
-
-
-def main(argv):
-    command, paths, opts = parse_args(argv)
-    plots = annex("plots", "--plot") if opts["plot"] else None  # said before measuring, not after
+    plots = annex("plots", "--plot") if opts["plot"] else None  # its error before measuring
     labels = [label(p) for p in paths]
     labels = [lab if labels.count(lab) == 1 else f"{lab}#{k}" for k, lab in enumerate(labels)]
     out = [analyze(p, command, opts) for p in paths]
     results = [dict(label=lab, **r) for lab, (r, _) in zip(labels, out)]
     report(results, labels)
     if opts["json"]:
-        os.makedirs(os.path.dirname(os.path.abspath(opts["json"])), exist_ok=True)
+        Path(opts["json"]).resolve().parent.mkdir(parents=True, exist_ok=True)
         write_json(opts["json"], dict(schema="nanonorm-analysis/1", command=command, settings=opts,
                                       checkpoints=results))
         print(f"\nwrote {opts['json']}")

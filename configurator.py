@@ -1,19 +1,18 @@
-"""nanoGPT's config convention, for every script: `python train.py config/gpt2_64m_dyt.py --seed=42`
-takes the script's defaults, then each config file (Python run on top), then each --key=value as a
-Python literal (a bare word, and any value of a string key, stays a string). Unknown keys and wrong
-types are errors naming the closest keys; annex() finds an annex, or says which file is missing."""
+"""nanoGPT's config convention: a script's defaults, then each config file (Python, run on top),
+then each --key=value as a Python literal (a bare word, or a str key's value, stays a str)."""
 import ast
 import difflib
 import importlib
 import inspect
 import os
+import runpy
 import sys
 import types
 
 PLAIN = (int, float, bool, str, type(None))
 
 
-def config_keys(namespace):  # (defaults, optional types): a script's lower-case plain globals
+def config_keys(namespace):  # (defaults, optional types): a script's plain lower-case globals
     defaults = {k: v for k, v in namespace.items()
                 if not k.startswith('_') and not k.isupper() and isinstance(v, PLAIN)}
     hints = inspect.get_annotations(sys.modules[namespace['__name__']])
@@ -29,10 +28,7 @@ def run_config_file(path, namespace=None, what='config file'):
         close = difflib.get_close_matches(path, [os.path.join(folder, f) for f in files])
         hint = f"; did you mean {' or '.join(close)}?" if close else ''
         raise SystemExit(f"error: {what} '{path}' not found{hint}")
-    namespace = dict(namespace or {})
-    with open(path) as f:
-        exec(compile(f.read(), path, 'exec'), namespace)
-    return namespace
+    return runpy.run_path(path, init_globals=namespace)  # a new dict: namespace stays as it was
 
 
 def split_args(argv):  # (positional arguments, --key=value options)
@@ -55,9 +51,8 @@ def checked(key, value, defaults, optional_types, source, text=None):
         return value
     if want is float and type(value) is int:
         return float(value)
-    either = ' or None' if nullable else ''
-    raise SystemExit(f"error: config key '{key}' (from {source}) must be {want.__name__}{either}, "
-                     f"got {value!r} ({type(value).__name__})")
+    raise SystemExit(f"error: config key '{key}' (from {source}) must be {want.__name__}"
+                     f"{' or None' if nullable else ''}, got {value!r} ({type(value).__name__})")
 
 
 def configure(defaults, argv, optional_types=None, doc=None):
@@ -87,7 +82,7 @@ def configure(defaults, argv, optional_types=None, doc=None):
     return cfg
 
 
-def annex(name, needed_by=None):  # annex/<name>.py; None if a fork deleted it, or needed_by's error
+def annex(name, needed_by=None):  # annex/<name>.py; None if deleted, or needed_by's error
     try:
         return importlib.import_module(f'annex.{name}')
     except ModuleNotFoundError as e:

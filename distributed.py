@@ -15,11 +15,10 @@ from configurator import annex
 from data.common import micro_batches
 from model import GPTConfig
 
-LONG_TIMEOUT = 3600  # seconds collectives wait until the first step is done, and for saves
+LONG_TIMEOUT = 3600  # seconds collectives wait before the first step, and for saves
 
 
-def check_train_config(cfg, world):
-    """train.py's keys checked before anything is read; device, dtype, backend, init_from set."""
+def check_train_config(cfg, world):  # before any I/O; sets device, dtype, backend, init_from
     try:
         cfg.device = pick_device(cfg.device)
         GPTConfig(**{f.name: getattr(cfg, f.name) for f in fields(GPTConfig)})  # the model's checks
@@ -41,42 +40,35 @@ def check_train_config(cfg, world):
                          '--out_dir=NEW, --init_from=resume (or auto), or --overwrite=True')
     if cfg.dtype not in ('float32', 'bfloat16'):
         raise SystemExit("error: dtype must be 'float32' or 'bfloat16'")
-    warmup = cfg.eval_interval if cfg.eval_interval_warmup is None else cfg.eval_interval_warmup
-    if min(cfg.eval_interval, cfg.log_interval, cfg.eval_iters, cfg.batch_size, cfg.block_size,
-           cfg.gradient_accumulation_steps, warmup) <= 0:
-        raise SystemExit('error: eval_interval, eval_interval_warmup, log_interval, eval_iters, '
-                         'batch_size, block_size and gradient_accumulation_steps must be positive')
-    if cfg.max_iters < 0 or cfg.paper_val < 0:
-        raise SystemExit(f'error: max_iters ({cfg.max_iters}) must be >= 0 (0 = evaluate the '
-                         f'initial model) and paper_val ({cfg.paper_val}) >= 0 (0 = off)')
+    for key in ('eval_interval', 'eval_interval_warmup', 'log_interval', 'eval_iters', 'batch_size',
+                'block_size', 'gradient_accumulation_steps', 'max_iters', 'paper_val'):
+        value, least = getattr(cfg, key), 0 if key in ('max_iters', 'paper_val') else 1
+        if value is not None and value < least:  # eval_interval_warmup None: eval_interval's
+            raise SystemExit(f'error: {key}={value} must be >= {least}')
     if cfg.wandb_log and not importlib.util.find_spec('wandb'):
         raise SystemExit('error: wandb_log=True, but wandb is not installed (pip install wandb)')
     for n, what in ((cfg.batch_size * cfg.gradient_accumulation_steps,
                      'samples per step (batch_size x gradient_accumulation_steps)'),
                     (cfg.eval_iters * cfg.batch_size, 'eval_iters x batch_size eval samples')):
-        if min(c for r in range(world) for _, c in micro_batches(n, world, r, cfg.batch_size)) == 0:
+        if n // world < len(micro_batches(n, world, 0, cfg.batch_size)):
             raise SystemExit(f'error: the {n} {what} are too few to give each of {world} processes '
                              'the same number of micro-batches; raise them or use fewer processes')
 
 
-def pick_device(device=None):
-    """The device named, checked; None or 'auto': cuda, else mps, else cpu."""
+def pick_device(device=None):  # the one named, checked; None or 'auto': cuda, mps, else cpu
     have = {'cuda': torch.cuda.is_available(), 'mps': torch.backends.mps.is_available()}
     if device in (None, 'auto'):
         return next((kind for kind, ok in have.items() if ok), 'cpu')
     try:
         kind = torch.device(device).type
     except RuntimeError:
-        raise ValueError(f"device={device!r} is not a device name; use 'cpu', 'cuda', 'cuda:1' or "
-                         "'mps'") from None
+        raise ValueError(f"device={device!r} is unknown: use 'cpu', 'cuda[:N]' or 'mps'") from None
     if not have.get(kind, True):
-        raise ValueError(f"device={device!r}, but this machine has no {kind} device; use "
-                         "device='cpu'")
+        raise ValueError(f"device={device!r}, but this machine has no {kind} device; use 'cpu'")
     return device
 
 
-def precision(device, dtype=None):
-    """(dtype, the model's context); dtype None: bfloat16 where CUDA has it, else float32."""
+def precision(device, dtype=None):  # (dtype, the model's context); None: bfloat16 if CUDA has it
     kind = torch.device(device).type
     if not dtype:
         dtype = 'bfloat16' if kind == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
@@ -87,28 +79,22 @@ def precision(device, dtype=None):
     return dtype, ctx
 
 
-def world_size():  # processes in the job: torchrun's (or srun's, made torchrun's), else 1
-    return int(os.environ.get('WORLD_SIZE', 1))
-
-
-def setup(cfg, stop_signals):
-    """This process's env, in torchrun's group if under it; stop signals fill env.stop."""
-    ddp = 'RANK' in os.environ
-    rank, local_rank = int(os.environ.get('RANK', 0)), int(os.environ.get('LOCAL_RANK', 0))
+def setup(cfg, stop_signals):  # cfg checked; this process's env, in torchrun's group if any
+    world = int(os.environ.get('WORLD_SIZE', 1))  # torchrun's (srun's made torchrun's)
+    check_train_config(cfg, world)
+    ddp, rank = 'RANK' in os.environ, int(os.environ.get('RANK', 0))
     device = cfg.device
     if ddp:
-        if device.startswith('cuda'):  # modulo: Slurm may show each task only its own GPU
-            device = f'cuda:{local_rank % torch.cuda.device_count()}'
+        if device.startswith('cuda'):  # modulo: Slurm may show a task only its GPU
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0)) % torch.cuda.device_count()}"
             torch.cuda.set_device(device)
-            # the flight recorder: on a timeout each rank dumps what it waited for
-            os.environ.setdefault('TORCH_NCCL_TRACE_BUFFER_SIZE', '2000')
-            os.environ.setdefault('TORCH_NCCL_DUMP_ON_TIMEOUT', '1')
+            os.environ.setdefault('TORCH_NCCL_TRACE_BUFFER_SIZE', '2000')  # NCCL's flight recorder:
+            os.environ.setdefault('TORCH_NCCL_DUMP_ON_TIMEOUT', '1')  # dumps what each rank awaited
         dist.init_process_group(backend=cfg.backend, timeout=timedelta(seconds=LONG_TIMEOUT))
-    env = SimpleNamespace(ddp=ddp, fsdp=cfg.fsdp and ddp, rank=rank, local_rank=local_rank,
-                          world=world_size(), master=rank == 0, device=device,
-                          device_type=device.split(':')[0], groups=[None], stop=[],
+    env = SimpleNamespace(ddp=ddp, fsdp=cfg.fsdp and ddp, rank=rank, world=world, master=rank == 0,
+                          device=device, device_type=device.split(':')[0], groups=[None], stop=[],
                           ptdtype=getattr(torch, cfg.dtype), ctx=precision(device, cfg.dtype)[1])
-    for sig in stop_signals:
+    for sig in stop_signals:  # each fills env.stop
         signal.signal(sig, functools.partial(request_stop, env))
     return env
 
@@ -120,12 +106,12 @@ def request_stop(env, signum, frame):
 
 
 def set_timeout(env, seconds):
-    for group in env.groups if env.ddp else []:
-        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds), group)
+    if env.ddp:
+        for group in env.groups:
+            dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds), group)
 
 
-def any_failed(env, error):
-    """Whether any process has an error (each passes its own, or None): all learn it at once."""
+def any_failed(env, error):  # whether any process has an error (or None): all learn it
     flag = torch.full((), float(bool(error)), device=env.device)
     if env.ddp:
         dist.all_reduce(flag)

@@ -1,8 +1,7 @@
 """One GPT for "when does removing LayerNorm help?"; each GPTConfig flag switches in one place:
 norm in NORMS, attn in CausalSelfAttention, mlp in MLP, pos in apply_rope() and GPT.hidden.
 nanoGPT's GPT-2 defaults and parameter names (its checkpoints load as is). Formulas: DyT (Zhu et al.
-2025), Derf (Chen et al. 2025), microsoft/unilm's Diff-Transformer (Ye et al. 2025), Llama.
-"""
+2025), Derf (Chen et al. 2025), microsoft/unilm's Diff-Transformer (Ye et al. 2025), Llama."""
 import math
 from dataclasses import dataclass
 
@@ -10,10 +9,9 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-# The norms, each Norm(ndim, bias, eps, alpha0) using what it needs. DyT and Derf swap LayerNorm's
-# statistics for a bounded f of each value alone, ONE learnable alpha per layer; HardTanh, the
-# control, is the bound without the slope. norm_stats.py measures saturation via squashed(x), f's
-# argument, and cut(t): |f(u)| > tanh(t) iff |u| > cut(t).
+# The norms, Norm(ndim, bias, eps, alpha0) each, using what it needs. DyT and Derf swap LayerNorm's
+# statistics for a bounded f of each value, ONE learnable alpha per layer; HardTanh, the control,
+# has no slope. For norm_stats.py: |f(u)| > tanh(t) iff |u| > cut(t), u = squashed(x)
 
 class LayerNorm(nn.Module):
     def __init__(self, ndim, bias=False, eps=1e-5, alpha0=None):
@@ -33,7 +31,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(ndim))
 
     def forward(self, x):
-        xf = x.float()  # the mean of squares over/underflows in half precision
+        xf = x.float()  # squares over/underflow in half precision
         y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.eps) * self.weight.float()
         return y.type_as(x)
 
@@ -69,7 +67,7 @@ class Derf(nn.Module):  # Dynamic erf: gamma * erf(alpha * x + s) + beta
         return self.alpha * x + self.shift
 
     @staticmethod
-    def cut(t):  # 1.483 at t = 2 (|u| > 2 would be at 99.5% of the bound)
+    def cut(t):  # 1.483 at t = 2 (|u| > 2: 99.5% of the bound)
         return torch.erfinv(torch.tanh(torch.tensor(t, dtype=torch.float64))).item()
 
     def forward(self, x):
@@ -91,16 +89,15 @@ class HardTanh(nn.Module):  # clip(x, -1, 1) * gamma + beta
 NORMS = {'layernorm': LayerNorm, 'rmsnorm': RMSNorm, 'dyt': DyT, 'derf': Derf, 'hardtanh': HardTanh}
 
 
-def make_norm(config, alpha0=None):  # the one place to build a norm
+def make_norm(config, alpha0=None):
     alpha0 = config.dyt_alpha if alpha0 is None else alpha0
     return NORMS[config.norm](config.n_embd, config.bias, config.norm_eps, alpha0)
 
 
 # Rotary position embedding, rotate-half: the pair (x[i], x[i + d/2]) turns by pos theta^(-2i/d)
 
-def rope_angles(block_size, head_dim, theta):
-    """float32 cos, sin (block_size, head_dim/2), made in float64 on CPU (not MPS)."""
-    half = torch.arange(0, head_dim, 2, dtype=torch.float64, device='cpu')
+def rope_angles(block_size, head_dim, theta):  # float32 cos, sin (T, head_dim/2)
+    half = torch.arange(0, head_dim, 2, dtype=torch.float64, device='cpu')  # MPS has no float64
     inv_freq = theta ** (-half / head_dim)
     angles = torch.outer(torch.arange(block_size, dtype=torch.float64, device='cpu'), inv_freq)
     return angles.cos().float(), angles.sin().float()
@@ -126,7 +123,7 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.diff = config.attn == 'diff'
         if self.diff:
-            self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer_idx)  # layer_idx counted from 0
+            self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer_idx)  # layer_idx from 0
             for name in ('lambda_q1', 'lambda_k1', 'lambda_q2', 'lambda_k2'):
                 setattr(self, name, nn.Parameter(torch.randn(self.head_dim) * 0.1))
             self.subln = RMSNorm(2 * self.head_dim, eps=1e-5)
@@ -138,7 +135,7 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        rep = self.n_head // self.n_kv_head  # GQA: rep query heads per key/value head
+        rep = self.n_head // self.n_kv_head  # GQA: query heads per KV head
         p = self.dropout if self.training else 0.0
         if not self.diff:
             k = k.repeat_interleave(rep, dim=1)
@@ -146,17 +143,16 @@ class CausalSelfAttention(nn.Module):
             v = v.repeat_interleave(rep, dim=1)
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal)
         else:
-            # diff head i reads key pair (2m, 2m+1) and value head m, m = i // rep (as flashdiff)
+            # diff head i reads key pair (2m, 2m+1), value head m, m = i // rep (flashdiff's)
             k = k.view(B, self.n_kv_head // 2, 2, T, self.head_dim).repeat_interleave(rep, dim=1)
             k = k.view(B, self.n_head, T, self.head_dim)
             v = v.view(B, T, self.n_kv_head // 2, 2 * self.head_dim).transpose(1, 2)
             v = v.repeat_interleave(rep, dim=1).repeat_interleave(2, dim=1)  # both maps read v_i
-            # V's halves apart, as flashdiff (flash kernels want equal head sizes); with dropout
-            # each half draws its own mask (the reference has none)
+            # V's halves apart, as flashdiff (flash kernels want equal head sizes); each draws
+            # its own dropout mask (the reference has none)
             halves = [F.scaled_dot_product_attention(q, k, vh, dropout_p=p, is_causal=self.causal)
                       for vh in v.split(self.head_dim, dim=-1)]
-            y = torch.cat(halves, dim=-1)
-            y = y.view(B, self.n_head // 2, 2, T, 2 * self.head_dim)
+            y = torch.cat(halves, dim=-1).view(B, self.n_head // 2, 2, T, 2 * self.head_dim)
             lam = (torch.exp(torch.dot(self.lambda_q1.float(), self.lambda_k1.float()))
                    - torch.exp(torch.dot(self.lambda_q2.float(), self.lambda_k2.float()))
                    + self.lambda_init)
@@ -182,8 +178,7 @@ class MLP(nn.Module):  # GELU (GPT-2), or SwiGLU: c_proj(silu(c_fc x) * c_up x) 
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        h = self.c_fc(x)
-        h = F.silu(h) * self.c_up(x) if self.swiglu else F.gelu(h)
+        h = F.silu(self.c_fc(x)) * self.c_up(x) if self.swiglu else F.gelu(self.c_fc(x))
         return self.dropout(self.c_proj(h))
 
 
@@ -203,7 +198,7 @@ class Block(nn.Module):
 @dataclass
 class GPTConfig:
     block_size: int = 1024
-    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64
+    vocab_size: int = 50304  # GPT-2's 50257, padded to a multiple of 64
     n_layer: int = 12
     n_head: int = 12
     n_embd: int = 768
@@ -212,12 +207,12 @@ class GPTConfig:
     bias: bool = True
     norm: str = 'layernorm'
     norm_eps: float = 1e-5
-    dyt_alpha: float = 0.5  # alpha0 of DyT and Derf (both papers' default); the study's DyT: 2.0
-    dyt_alpha_attn: float | None = None  # per place (the DyT paper's LLM rule); None = dyt_alpha
+    dyt_alpha: float = 0.5  # alpha0 of DyT, Derf (both papers'); the study's: 2.0
+    dyt_alpha_attn: float | None = None  # per place (DyT's LLM rule); None = dyt_alpha
     dyt_alpha_ffn: float | None = None
     dyt_alpha_final: float | None = None
     embed_scale: bool = False  # a learnable scalar on the embeddings
-    emb_init_std: float = 0.02  # GPT-2's; small DyT models collapse with it (docs/collapse.md)
+    emb_init_std: float = 0.02  # GPT-2's; small DyT models collapse (docs/collapse.md)
     attn: str = 'standard'
     mlp: str = 'gelu'
     pos: str = 'learned'
@@ -247,7 +242,7 @@ class GPTConfig:
 
 
 class GPT(nn.Module):
-    no_decay = ()  # >= 2-D parameters not decayed (a ViT's position embeddings)
+    no_decay = ()  # >= 2-D parameters not decayed (a ViT's)
 
     def __init__(self, config):
         super().__init__()
@@ -260,7 +255,7 @@ class GPT(nn.Module):
         ))
         if config.pos == 'learned':
             self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
-        else:  # not saved: made from the config (a meta-device model fills them in)
+        else:  # not saved: made from the config (also on meta)
             device = self.transformer.wte.weight.device
             for name, table in zip(('rope_cos', 'rope_sin'), rope_angles(
                     config.block_size, config.n_embd // config.n_head, config.rope_theta)):
@@ -270,21 +265,19 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
         self.apply(self._init_weights)
-        for name, p in self.named_parameters():  # GPT-2's scaled init of the residual projections
+        for name, p in self.named_parameters():  # GPT-2's scaled residual projections
             if name.endswith('c_proj.weight'):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * config.n_layer))
 
-    def _init_weights(self, module):
-        """nanoGPT's; embeddings (so lm_head, tied) at emb_init_std; norms, lambdas where built."""
+    def _init_weights(self, module):  # nanoGPT's; wte at emb_init_std; norms, lambdas as built
         if isinstance(module, nn.Linear) and module is not self.lm_head:
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            nn.init.normal_(module.weight, std=0.02)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=self.config.emb_init_std)
+            nn.init.normal_(module.weight, std=self.config.emb_init_std)
 
-    def get_num_params(self, non_embedding=True):
-        """By default without position embeddings (token embeddings count: tied)."""
+    def get_num_params(self, non_embedding=True):  # wpe not counted by default; wte is: tied
         n = sum(p.numel() for p in self.parameters())
         if non_embedding and self.config.pos == 'learned':
             n -= self.transformer.wpe.weight.numel()
@@ -295,18 +288,15 @@ class GPT(nn.Module):
         return (f'{self.get_num_params():,} parameters ({c.norm}, {c.attn} attention, {c.mlp} MLP, '
                 f'{c.pos} positions)')
 
-    def hidden(self, idx):  # the final norm's output (B, T, n_embd), lm_head's input
+    def hidden(self, idx):  # ln_f's output (B, T, n_embd), lm_head's input
         B, T = idx.shape
         if T > self.config.block_size:
-            raise ValueError(f"sequence of length {T} is longer than block_size="
-                             f"{self.config.block_size}")
+            raise ValueError(f"sequence of length {T} exceeds block_size={self.config.block_size}")
         x = self.transformer.wte(idx)
-        rope = None
         if self.config.pos == 'learned':
             x = x + self.transformer.wpe(torch.arange(T, device=idx.device))
-        else:
-            rope = (self.rope_cos[:T], self.rope_sin[:T])
-        if self.embed_scale is not None:  # after the position embeddings, as Derf's nanoGPT patch
+        rope = (self.rope_cos[:T], self.rope_sin[:T]) if self.config.pos == 'rope' else None
+        if self.embed_scale is not None:  # after wpe, as Derf's nanoGPT patch
             x = x * self.embed_scale
         x = self.transformer.drop(x)
         for block in self.transformer.h:
@@ -319,14 +309,14 @@ class GPT(nn.Module):
             return self.lm_head(x if all_logits else x[:, [-1], :]), None
         return self.head_loss(x, targets)
 
-    def head_loss(self, x, targets):  # apart: FSDP compiles it on its own (annex/cluster.py)
+    def head_loss(self, x, targets):  # apart: FSDP compiles it alone (annex/cluster.py)
         logits = self.lm_head(x)
         wide = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fsdp_bf16's: fp32 loss
         loss = F.cross_entropy(wide.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
         return logits, loss
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        """AdamW, decaying >= 2-D weights only: not norm gains, alphas, lambdas, biases."""
+        """AdamW, decaying >= 2-D weights only: not gains, alphas, lambdas, biases."""
         named = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
         decay = [p for n, p in named if p.dim() >= 2 and n not in self.no_decay]
         rest = [p for n, p in named if p.dim() < 2 or n in self.no_decay]
@@ -334,8 +324,7 @@ class GPT(nn.Module):
                   {'params': rest, 'weight_decay': 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == 'cuda')
 
-    def estimate_mfu(self, fwdbwd_per_iter, dt, peak):
-        """MFU against `peak` (PaLM, appendix B); Diff's 2nd map not counted."""
+    def estimate_mfu(self, fwdbwd_per_iter, dt, peak):  # PaLM, appendix B; not Diff's 2nd map
         if not peak:
             return None
         cfg = self.config
@@ -343,11 +332,9 @@ class GPT(nn.Module):
         return flops_per_token * cfg.block_size * fwdbwd_per_iter / dt / peak
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
-        """Append max_new_tokens sampled tokens to idx (B, T); temperature 0: the argmax."""
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):  # temperature 0: argmax
         for _ in range(max_new_tokens):
-            logits, _ = self(idx[:, -self.config.block_size:])
-            logits = logits[:, -1, :]
+            logits = self(idx[:, -self.config.block_size:])[0][:, -1, :]
             if temperature == 0:
                 next_id = logits.argmax(dim=-1, keepdim=True)
             else:

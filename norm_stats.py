@@ -1,8 +1,5 @@
-"""
-Each norm layer's input std and, for a norm with squashed() and cut() (DyT, Derf: model.py), its
-saturation (the fraction of |f| > tanh(t) per t, f = tanh or erf; Verma 2026), summed as the model
-runs by a pre-hook that instrument(model) attaches (before torch.compile, which then traces it too).
-"""
+"""Each norm layer's input std and, for a norm with squashed() and cut() (DyT, Derf: model.py), its
+saturation (the fraction of |f| > tanh(t) per t, f = tanh or erf; Verma 2026), summed by hooks."""
 import math
 
 import torch
@@ -13,7 +10,7 @@ SUMS = dict(stat_count=((), torch.long), stat_sum=((), None), stat_sumsq=((), No
             stat_sat=(len(THRESHOLDS), torch.long))  # (shape, dtype): exact counts, float32 sums
 
 
-def norm_layers(model):  # [(name, layer)]: the norms before attention and the MLP, the final one
+def norm_layers(model):  # [(name, layer)]: each block's ln_1, ln_2, and ln_f
     return [(n, m) for n, m in model.named_modules()
             if n.rpartition('.')[2] in ('ln_1', 'ln_2', 'ln_f')]
 
@@ -30,7 +27,7 @@ def observe(layer, args):
                 layer.stat_sat += torch.stack([(u > c).sum() for c in layer.stat_cuts])
 
 
-def instrument(model):  # every norm layer gets its statistics (once); returns the model
+def instrument(model):  # once per layer, before torch.compile (it traces hooks)
     for layer in [m for _, m in norm_layers(model) if not hasattr(m, 'recording')]:
         for name, (shape, dtype) in SUMS.items():
             layer.register_buffer(name, torch.zeros(shape, dtype=dtype, device=layer.weight.device),
@@ -49,12 +46,11 @@ def record(model, on=True):  # start recording from zero (on), or stop: the sums
                 getattr(layer, name).zero_()
 
 
-def sums(model):  # the buffers holding the sums, for an all-reduce over processes
+def sums(model):  # the buffers of the sums, for an all-reduce
     return [getattr(layer, name) for _, layer in norm_layers(model) for name in SUMS]
 
 
-def read(model):
-    """{thresholds, layers: {name: {kind, alpha, input_std, count, saturation}}, saturation}"""
+def read(model):  # {thresholds, layers: {name: {kind, alpha, input_std, count, saturation}}, ...}
     layers = {}
     for name, layer in norm_layers(model):
         n = layer.stat_count.item()
@@ -67,6 +63,6 @@ def read(model):
         layers[name] = {'kind': model.config.norm, 'alpha': None if alpha is None else alpha.item(),
                         'input_std': std, 'count': int(n), 'saturation': sat}
     sats = [s['saturation'] for s in layers.values() if s['saturation'] is not None]
-    # every such layer sees as many elements, so the pooled fraction is the mean over layers
-    pooled = [sum(col) / len(sats) for col in zip(*sats)] if sats else None
+    # each layer sees as many elements: the pooled fraction is the mean
+    pooled = [sum(c) / len(sats) for c in zip(*sats)] if sats else None
     return {'thresholds': list(THRESHOLDS), 'layers': layers, 'saturation': pooled}

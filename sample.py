@@ -1,8 +1,6 @@
 """Sample from a trained model (any variant), decoding with the tokenizer the run was trained with.
-
-  python sample.py --out_dir=out --start="def " --num_samples=3 --max_new_tokens=200
   python sample.py --out_dir=out/gpt2_64m_dyt --ckpt=best --start=FILE:prompt.txt --temperature=0.7
-"""
+  python sample.py --out_dir=out --start="def " --num_samples=3 --max_new_tokens=200"""
 import sys
 
 import torch
@@ -13,16 +11,16 @@ from data.common import DataError, get_tokenizer
 from distributed import pick_device, precision
 
 out_dir = 'out'
-ckpt = 'latest'  # out_dir's 'latest' (ckpt.pt) or 'best' (best.pt), or a file
+ckpt = 'latest'  # 'latest' (out_dir/ckpt.pt), 'best' (best.pt), or a file
 start = '\n'  # the prompt, or "FILE:path" to read it from a file
 num_samples = 3
 max_new_tokens = 200
-temperature = 0.8  # 1.0 = the model's distribution, lower = more conservative, 0 = greedy
-top_k: int | None = 200  # keep only the top_k most likely tokens; None = all
+temperature = 0.8  # 1.0: the model's distribution, lower: safer, 0: greedy
+top_k: int | None = 200  # only the top_k most likely tokens; None: all
 seed = 1337
 device: str | None = None  # None = cuda if available, else mps, else cpu
-dtype: str | None = None  # float32, bfloat16 or float16; None = bfloat16 on CUDA if supported
-compile = False  # torch.compile the forward (dynamic shapes: the sequence grows)
+dtype: str | None = None  # float32, bfloat16 or float16; None: bfloat16 if CUDA has it
+compile = False  # torch.compile (dynamic shapes: the sequence grows)
 tiktoken_file: str | None = None  # GPT-2 .tiktoken ranks file for offline machines
 DEFAULTS, OPTIONAL_TYPES = config_keys(globals())
 
@@ -48,18 +46,17 @@ def main(argv):
         tok = get_tokenizer(checkpoint.get('tokenizer', 'gpt2'), tiktoken_file)
     except (FileNotFoundError, ValueError, DataError) as e:
         raise SystemExit(f'error: {e}') from None
-    if cfg['compile']:  # in place: torch.compile(model)'s generate() would call the eager forward
+    if cfg['compile']:  # in place: torch.compile(model).generate() runs eager
         model.compile(dynamic=True)
-    ids = tok.encode(start) or [tok.eot]  # an empty prompt starts from end-of-text
+    ids = tok.encode(start) or [tok.eot]  # an empty prompt: end-of-text
     if max(ids) >= model.config.vocab_size:
         raise SystemExit(f"error: prompt token id {max(ids)} is outside the model's vocabulary "
                          f"({model.config.vocab_size}); was the data tokenized with {tok.name}?")
     x = torch.tensor(ids, dtype=torch.long, device=device)[None, -model.config.block_size:]
-    with precision(device, cfg['dtype'])[1]:  # autocast unless float32; generate() is no_grad
-        for _ in range(cfg['num_samples']):
-            y = model.generate(x, cfg['max_new_tokens'], cfg['temperature'], cfg['top_k'])
-            text = tok.decode([i for i in y[0].tolist() if i < tok.n_vocab])  # drop padding ids
-            print(text + '\n---------------')
+    with precision(device, cfg['dtype'])[1]:  # autocast unless float32
+        for _ in range(cfg['num_samples']):  # decoded without the padding ids
+            y = model.generate(x, cfg['max_new_tokens'], cfg['temperature'], cfg['top_k'])[0]
+            print(tok.decode([i for i in y.tolist() if i < tok.n_vocab]) + '\n---------------')
 
 
 if __name__ == '__main__':

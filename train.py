@@ -1,54 +1,48 @@
-"""
-Train a GPT variant (model.py) on a tokenized corpus: on a CPU, one GPU, or many with torchrun.
-  python train.py                   # a tiny byte-level GPT on the offline pydocs corpus: ~1 min
+"""Train a GPT variant (model.py) on a tokenized corpus: on a CPU, one GPU, or many with torchrun.
+  python train.py  # a tiny byte-level GPT on the offline pydocs corpus: ~1 min on 2 CPUs
   python train.py config/gpt2_64m_dyt.py --train_tokens=1_000_000 --seed=42 --out_dir=out/64m_dyt_1M
   torchrun --standalone --nproc_per_node=8 train.py config/gpt2_64m_dyt.py --init_from=auto
 Writes config.json, log.jsonl, ckpt.pt, best.pt, summary.json to out_dir. SIGTERM, SIGUSR1, Ctrl-C
-stop at the next step, ckpt.pt saved. Exit status 0 finished, 3 diverged, 4 stopped, 1 error.
-"""
+stop at the next step, ckpt.pt saved. Exit status 0 finished, 3 diverged, 4 stopped, 1 error."""
 import gc
 import math
 import signal
 import sys
 import time
-from dataclasses import asdict
 from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 import norm_stats
 from checkpoint import (LoopState, build_model, clear_stale, has_ended, load_training_state,
                         read_resume_checkpoint, save_run)
 from configurator import annex, config_keys, configure
 from data.common import derived_seed, micro_batches, open_data
-from distributed import LONG_TIMEOUT, any_failed, check_train_config, set_timeout, setup, world_size
+from distributed import LONG_TIMEOUT, any_failed, set_timeout, setup
 from evaluate import evaluate
 from run_files import log, log_step, prepare_run_dir, seen, write_summary
 
-# --------------------------------------------------------------------------------------------------
-# default config: a tiny model on the offline pydocs corpus, learning visibly in a minute on 2 CPUs
 # I/O
 out_dir = 'out'
 eval_interval = 100
-eval_interval_warmup: int | None = None  # evals this often until warmup ends (an early best)
+eval_interval_warmup: int | None = None  # this often in warmup (an early best)
 log_interval = 10
-eval_iters = 10  # batches per split per evaluation (image data: val is the whole test set)
+eval_iters = 10  # batches per split per eval (images: all of test)
 eval_only = False
-always_save_checkpoint = True  # False: ckpt.pt when val loss improves, and at the end (nanoGPT)
-init_from = 'scratch'  # 'scratch', 'resume' (out_dir/ckpt.pt) or 'auto' (resume if there is one)
-overwrite = False  # a scratch run refuses an out_dir that holds a run (sweeps must not clobber)
+always_save_checkpoint = True  # False: when val loss improves, and at the end
+init_from = 'scratch'  # or 'resume' (out_dir/ckpt.pt), 'auto' (resume if there is one)
+overwrite = False  # False: a scratch run refuses an out_dir that holds a run
 wandb_log = False
 wandb_project = 'nanonorm'
 wandb_run_name = 'run'
 # data
 dataset = 'pydocs'
-data_dir: str | None = None  # the folder of train.bin, val.bin, meta.json; None = data/<dataset>
-train_tokens: int | None = None  # the data budget: the first train_tokens train tokens; None = all
-val_tokens: int | None = None  # evaluate on the first val_tokens val tokens; None = all
+data_dir: str | None = None  # train.bin, val.bin, meta.json's folder; None: data/<dataset>
+train_tokens: int | None = None  # the budget: the first this many train tokens; None: all
+val_tokens: int | None = None  # evals read the first this many val tokens
 tiktoken_file: str | None = None  # a GPT-2 .tiktoken ranks file for offline machines
-gradient_accumulation_steps = 1  # micro-batches per step in all: batch_size x this = sequences/step
+gradient_accumulation_steps = 1  # sequences per step: batch_size x this, over all processes
 batch_size = 16  # sequences per micro-batch, at most
 block_size = 128
 # model: GPTConfig's fields (model.py)
@@ -58,53 +52,53 @@ n_embd = 128
 n_kv_head: int | None = None
 dropout = 0.0
 bias = False
-norm = 'layernorm'  # 'layernorm', 'rmsnorm', 'dyt', 'derf' or 'hardtanh' (model.NORMS)
+norm = 'layernorm'  # or 'rmsnorm', 'dyt', 'derf', 'hardtanh' (model.NORMS)
 norm_eps = 1e-5
 dyt_alpha = 0.5  # alpha0 of DyT and Derf; the study uses 2.0
-dyt_alpha_attn: float | None = None  # per place, the DyT paper's LLM rule; None = dyt_alpha
+dyt_alpha_attn: float | None = None  # per place, the DyT paper's LLM rule; None: dyt_alpha
 dyt_alpha_ffn: float | None = None
 dyt_alpha_final: float | None = None
 embed_scale = False
-emb_init_std = 0.3  # GPT-2's 0.02 makes a model this small collapse with DyT (docs/collapse.md)
+emb_init_std = 0.3  # GPT-2's 0.02: this small a DyT collapses (docs/collapse.md)
 attn = 'standard'  # or 'diff'
 mlp = 'gelu'  # or 'swiglu'
 pos = 'learned'  # or 'rope'
 rope_theta = 10000.0
-vocab_size: int | None = None  # None = the dataset's, padded to a multiple of 64 (GPT-2's 50304)
-# AdamW (weight decay on >= 2-D weights only) and the learning-rate schedule
+vocab_size: int | None = None  # None: the dataset's, padded to a multiple of 64
+# AdamW (decay on >= 2-D weights) and the lr schedule
 learning_rate = 2e-3
 max_iters = 300
 weight_decay = 1e-1
 beta1 = 0.9
 beta2 = 0.95
 grad_clip = 1.0  # 0 = no clipping
-decay_lr = True  # linear warmup, then cosine down to min_lr at lr_decay_iters; False = constant
+decay_lr = True  # linear warmup, cosine to min_lr at lr_decay_iters; False: constant
 warmup_iters = 30
 lr_decay_iters = 300
 min_lr = 2e-4
-spike_factor: float | None = None  # stop when a loss exceeds this x the best smoothed one
+spike_factor: float | None = None  # stop at a loss above this x the best smoothed one
 # system
-device: str | None = None  # None = 'cuda' if available, else 'mps', else 'cpu'
-dtype: str | None = None  # 'float32' or 'bfloat16' (autocast); None = bfloat16 on CUDA if supported
+device: str | None = None  # None: cuda if available, else mps, else cpu
+dtype: str | None = None  # 'float32' or 'bfloat16' (autocast); None: bfloat16 if CUDA has it
 compile = False
-backend: str | None = None  # torch.distributed's; None = 'nccl' on CUDA, 'gloo' otherwise
-peak_flops: float | None = None  # the device's peak FLOP/s for MFU; None = by GPU name
-step_timeout = 600  # seconds a step's collectives wait for a lost process (saves: an hour)
+backend: str | None = None  # torch.distributed's; None: nccl on CUDA, else gloo
+peak_flops: float | None = None  # peak FLOP/s for MFU; None: by GPU name
+step_timeout = 600  # seconds collectives wait for a lost process (saves: an hour)
 seed = 1337
-# read by the annexes only: the study's protocol (annex/protocol.py), a ViT (annex/vit.py), clusters
-budget_docs: int | None = None  # the budget: a random subset of whole documents, from this seed
-paper_val = 0  # > 0: also log val_loss_paper, the study's protocol (README): this many windows
-patch_size = 4  # image data: the ViT's patches and pooling, 'cls' or 'mean'
+# for the annexes only, which say what each does: annex/protocol.py, vit.py (ViTConfig), cluster.py
+budget_docs: int | None = None
+paper_val = 0
+patch_size = 4
 pool = 'cls'
-vit_as_run = False  # the study's ViT as its code ran
-fsdp = False  # under torchrun: shard weights, gradients and AdamW state with FSDP2
-fsdp_shard = 0  # HSDP: shard within groups of this many processes (a node's GPUs); 0 = all
-fsdp_bf16 = False  # FSDP: bf16 weight gathers, fp32 gradient reduces (torchtitan's)
-launcher: str | None = None  # 'srun': one process per srun task; None = torchrun's, or one
-shard_checkpoints_above = 1e9  # parameters: a bigger multi-process run saves shards (ckpt.dcp/)
-# --------------------------------------------------------------------------------------------------
+vit_as_run = False
+fsdp = False
+fsdp_shard = 0  # HSDP: shards within groups of this many processes; 0: all
+fsdp_bf16 = False  # FSDP: bf16 weight gathers, fp32 gradient reduces
+launcher: str | None = None  # 'srun', or None: torchrun's processes, or one
+shard_checkpoints_above = 1e9  # parameters above which many processes save ckpt.dcp/
+
 DEFAULTS, OPTIONAL_TYPES = config_keys(globals())
-EVAL_SEED = 1337  # the fixed train-split eval windows: analyze.py's (data.common.random_windows)
+EVAL_SEED = 1337  # the fixed train eval windows, analyze.py's too
 EXIT_DIVERGED, EXIT_STOPPED = 3, 4
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
@@ -122,16 +116,14 @@ def get_lr(it, cfg):
 
 def main(argv):
     cfg = SimpleNamespace(**configure(DEFAULTS, argv, OPTIONAL_TYPES, __doc__))
-    if cfg.launcher is not None:  # only if asked: Slurm's variables alone make no process one of many
+    if cfg.launcher is not None:  # only if asked: Slurm's variables alone are no group
         annex('cluster', f'launcher={cfg.launcher!r}').srun_environment(cfg.launcher)
-    check_train_config(cfg, world_size())
     handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     try:
-        env = setup(cfg, STOP_SIGNALS)
-        return train(cfg, env)
-    finally:  # on every exit, errors too: a group left to the interpreter's exit can abort it
+        return train(cfg, setup(cfg, STOP_SIGNALS))  # setup checks cfg first
+    finally:  # errors too: a group left to exit can abort it
         if dist.is_initialized():
-            gc.collect()  # the model freed before its process group (FSDP hooks hold cycles)
+            gc.collect()  # the model freed first (FSDP hooks hold cycles)
             dist.destroy_process_group()
         for sig, handler in handlers.items():  # main() may run again (tests, notebooks)
             signal.signal(sig, handler)
@@ -142,25 +134,25 @@ def train(cfg, env):
     config, resume = vars(cfg).copy(), cfg.init_from == 'resume'
     model_args = data.model_args(config)
     if env.master and not cfg.eval_only:
-        clear_stale(cfg.out_dir)  # what an interrupted save left
+        clear_stale(cfg.out_dir)
     if env.ddp:
         dist.barrier()
     ckpt = read_resume_checkpoint(cfg, model_args, data.n_train, env.master) if resume else None
     state = LoopState.from_checkpoint(ckpt) if ckpt else LoopState()
     if resume and has_ended(cfg, state, env.master):  # its files are left as they are
         return 0
-    samples = cfg.batch_size * cfg.gradient_accumulation_steps  # a step's, over every process
+    samples = cfg.batch_size * cfg.gradient_accumulation_steps  # a step's, over all processes
     parts = micro_batches(samples, env.world, env.rank, cfg.batch_size)
-    memory = annex('memory')  # the memory plan, GPUs' peak FLOP/s (None: the annex is deleted)
-    if env.master:  # before the model exists: said before it runs out of memory
+    memory = annex('memory')  # memory plan, GPU peak FLOP/s; None if deleted
+    if env.master:  # said before the model can run out of memory
         changed = [f'{k}={v!r}' for k, v in config.items() if v != DEFAULTS[k]]
         print(f'config (all of it in {cfg.out_dir}/config.json): '
               + (', '.join(changed) if changed else 'the defaults'))
-    if env.master and memory:
-        memory.print_plan(model_args, cfg, env, max(count for _, count in parts))
-    raw, model = build(cfg, env, model_args)  # the module, and what runs it
-    betas = (cfg.beta1, cfg.beta2)
-    optimizer = raw.configure_optimizers(cfg.weight_decay, cfg.learning_rate, betas, env.device_type)
+        if memory:
+            memory.print_plan(model_args, cfg, env, max(count for _, count in parts))
+    raw, model = build(cfg, env, model_args)
+    optimizer = raw.configure_optimizers(cfg.weight_decay, cfg.learning_rate,
+                                         (cfg.beta1, cfg.beta2), env.device_type)
     if ckpt:
         load_training_state(raw, optimizer, ckpt, env)
         del ckpt
@@ -170,62 +162,52 @@ def train(cfg, env):
         sharded = annex('cluster', 'sharded checkpoints')
     if not peak and memory:
         peak = memory.gpu_peak_flops(env.device, env.ptdtype)
-    sampler = dict(seed=cfg.seed, train_tokens=data.n_train, block_size=cfg.block_size,
-                   budget_docs=cfg.budget_docs, eval_seed=EVAL_SEED)  # the data order, crops
-    # what the steps share. raw: the module that the optimizer, checkpoints and norm statistics see;
-    # model: what runs it (DDP and/or torch.compile). saved: what every checkpoint holds besides
-    run = SimpleNamespace(cfg=cfg, env=env, data=data, raw=raw, model=model, optimizer=optimizer,
-                          samples=samples, parts=parts, sharded=sharded, peak_flops=peak,
-                          start_iter=state.iter_num, writing=env.master and not cfg.eval_only,
-                          saved=dict(model_args=model_args, config=config, sampler=sampler,
-                                     tokenizer=meta.get('tokenizer')))
     if env.master:
-        print_start(run, state, resume)
+        print(f'model: {raw.describe()}')
+        print(f'global batch: {data.describe(samples)}/step ({env.world} process(es) x '
+              f'{len(parts)} micro-batch(es) of <= {cfg.batch_size}); budget {data.n_train:,} train'
+              f' {data.unit} (entropy of the {data.predicted} frequencies {data.entropy:.3f} nats)')
+        if resume:
+            print(f'resuming at iter {state.iter_num} (best val loss {state.best_val_loss:.4f})')
+    # in every checkpoint with the weights and LoopState; sampler: the data order
+    saved = dict(model_args=model_args, config=config, sampler=dict(
+        seed=cfg.seed, train_tokens=data.n_train, block_size=cfg.block_size,
+        budget_docs=cfg.budget_docs, eval_seed=EVAL_SEED), tokenizer=meta.get('tokenizer'))
+    run = SimpleNamespace(cfg=cfg, env=env, data=data, meta=meta, raw=raw, model=model, saved=saved,
+                          optimizer=optimizer, samples=samples, parts=parts, sharded=sharded,
+                          peak_flops=peak, start_iter=state.iter_num,
+                          writing=env.master and not cfg.eval_only)  # what the steps share
     problem = None
-    if run.writing:  # config.json, log.jsonl cut back to the checkpoint (and a wandb run)
+    if run.writing:
         prepare_run_dir(cfg.out_dir, config, state.iter_num if resume else None)
         if memory:  # fp32 weights and AdamW's two moments
             problem = memory.check_room(cfg.out_dir, 12 * n_params, gathered=sharded is None)
-    if any_failed(env, problem):  # said now, not after the first hours of training
-        why = problem if problem else 'rank 0 cannot save checkpoints (its message says why)'
+    if any_failed(env, problem):  # now, not after hours of training
+        why = problem if problem else 'rank 0 cannot save checkpoints (see its message)'
         raise SystemExit(f'error: {why}')
-    return finish(run, state, *loop(run, state), meta)
+    return loop(run, state)
 
 
 def build(cfg, env, model_args):
-    """(raw, model) from the seed, norm statistics attached first: torch.compile traces them."""
+    """(the module, what runs it) from the seed; norm statistics first: compiling traces them."""
     torch.manual_seed(cfg.seed)
-    if env.fsdp:  # built on the meta device, sharded, each block compiled (annex/cluster.py)
+    if env.fsdp:  # sharded, each block compiled (annex/cluster.py)
         raw = annex('cluster', 'fsdp=True').build_sharded(model_args, cfg, env)
         return norm_stats.instrument(raw), raw
     raw = model = norm_stats.instrument(build_model(model_args).to(env.device))
     if env.ddp:  # norm statistics are sums: not broadcast
-        model = DDP(raw, device_ids=[env.local_rank] if env.device_type == 'cuda' else None,
-                    broadcast_buffers=False)
+        model = torch.nn.parallel.DistributedDataParallel(raw, broadcast_buffers=False)
     if cfg.compile:  # after DDP: the gradient all-reduce overlaps the compiled backward
         model = torch.compile(model)
     return raw, model
 
 
-def print_start(run, state, resume):
-    cfg, data = run.cfg, run.data
-    print(f'model: {run.raw.describe()}')
-    print(f'global batch: {data.describe(run.samples)}/step ({run.env.world} process(es) x '
-          f'{len(run.parts)} micro-batch(es) of <= {cfg.batch_size}); budget {data.n_train:,} '
-          f'train {data.unit} (entropy of the {data.predicted} frequencies {data.entropy:.3f} nats)')
-    if resume:
-        print(f'resuming {cfg.out_dir} at iter {state.iter_num} (best val loss '
-              f'{state.best_val_loss:.4f})')
-
-
-# ----------------------------------------------------------------------------------------- the loop
-
 def loop(run, state):
-    """Steps to max_iters, evals and checkpoints between: (why it diverged or None, stopped)."""
+    """Steps to max_iters, evals and checkpoints between; the exit status."""
     cfg, env, optimizer = run.cfg, run.env, run.optimizer
     batches = train_batches(run, state.iter_num)
-    run.t0 = time.time() - state.wall_time_s  # the run's clock, across resumes: saves read it
-    t_log, steps, timed, stop, reason = time.time(), 0, False, False, None
+    run.t0 = time.time() - state.wall_time_s  # the run's clock across resumes
+    t_log, steps, timed, stop = time.time(), 0, False, False
     while True:
         it, saved = state.iter_num, False
         every = cfg.eval_interval
@@ -235,27 +217,32 @@ def loop(run, state):
         if cfg.eval_only or ((it % every == 0 or it >= cfg.max_iters) and not resumed_here):
             reason, saved = eval_and_save(run, state)
             if reason or cfg.eval_only:
-                break
-            t_log, steps = time.time(), 0  # throughput leaves out evaluation and checkpoints
+                return finish(run, state, reason)
+            t_log, steps = time.time(), 0  # throughput without evals and saves
         if it >= cfg.max_iters:
-            break
-        if stop:  # a stop signal reached a process: every one saw it in the last step's all-reduce
+            return finish(run, state)
+        if stop:  # a signal somewhere: all saw it in the last all-reduce
             if not saved:
                 save(run, state)
-            break
+            why = env.stop[0] if env.stop else 'signal on another process'
+            log(run, {'event': 'stopped', 'iter': it, 'signal': why})
+            if env.master:
+                print(f'stopped at iter {it} ({why}); ckpt.pt is saved. Continue with the same '
+                      'command and --init_from=auto (or resume)')
+            return EXIT_STOPPED
         lr = get_lr(it, cfg)
         for group in optimizer.param_groups:
             group['lr'] = lr
-        if cfg.dropout > 0:  # dropout masks are a function of the step (reseeding costs ~0.4 ms)
+        if cfg.dropout > 0:  # dropout masks from the step alone (~0.4 ms)
             torch.manual_seed(derived_seed(cfg.seed, 'dropout', env.rank, it))
 
         loss, grad_norm, stop = train_step(run, batches)
         reason = divergence(cfg, state, loss, grad_norm)
         if reason:
-            break
+            return finish(run, state, reason)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if it == run.start_iter:  # compiled: from now on a lost process fails the job in minutes
+        if it == run.start_iter:  # compiled: a lost process now fails the job in minutes
             set_timeout(env, cfg.step_timeout)
 
         steps += 1
@@ -263,13 +250,10 @@ def loop(run, state):
             log_step(run, it, loss, lr, grad_norm, (time.time() - t_log) / steps if timed else None)
             t_log, steps, timed = time.time(), 0, True  # the first interval compiles: not timed
         state.iter_num += 1
-    state.wall_time_s = time.time() - run.t0
-    return reason, stop
 
 
 def train_batches(run, step):
-    """This process's micro-batches from step `step` on, each handed out once the next is on its way
-    to the device (nanoGPT's prefetch)."""
+    """This process's micro-batches from `step` on, each yielded once the next is on its way."""
     ahead = None
     while True:
         windows = run.data.draw(run.cfg.seed, step, run.samples)
@@ -286,10 +270,10 @@ def train_step(run, batches):
     env, parts, n = run.env, run.parts, run.samples
     loss_sum = torch.zeros((), device=env.device)
     for k, (_, count) in enumerate(parts):
-        last = k == len(parts) - 1  # gradients are reduced across processes in this backward only
-        if env.fsdp:  # HSDP: reduce-scatters every micro-step, the all-reduce across nodes last
+        last = k == len(parts) - 1  # gradients are reduced across processes here only
+        if env.fsdp:  # HSDP: reduce-scatters each micro-step, the all-reduce last
             run.raw.set_requires_all_reduce(last)
-        elif env.ddp:  # the DDP module, inside torch.compile's wrapper if compiled
+        elif env.ddp:  # DDP, inside torch.compile's wrapper if compiled
             getattr(run.model, '_orig_mod', run.model).require_backward_grad_sync = last
         with env.ctx:
             _, loss = run.model(*next(batches))
@@ -299,8 +283,7 @@ def train_step(run, batches):
     if hasattr(grad_norm, 'full_tensor'):  # FSDP: a DTensor
         grad_norm = grad_norm.full_tensor()
     stop = torch.full((), float(bool(env.stop)), device=env.device)  # a fill: no blocking copy
-    # one all-reduce, a sum: the loss shares add up to the mean, the gradient norm (the same on
-    # every process) counts 1/world from each, and a stop anywhere makes the sum positive
+    # one sum: the mean loss, 1/world of the (same) gradient norm each, > 0 if any process stops
     totals = torch.stack([loss_sum, grad_norm.float() / env.world, stop])
     if env.ddp:
         dist.all_reduce(totals)
@@ -309,7 +292,7 @@ def train_step(run, batches):
 
 
 def divergence(cfg, state, loss, grad_norm):
-    """Why the run must stop here (non-finite, a loss spike) or None; the smoothed loss updated."""
+    """Why the run must stop (non-finite, a loss spike) or None; the smoothed loss updated."""
     it, best = state.iter_num, state.best_loss_ema
     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
         return f'non-finite loss ({loss}) or gradient norm ({grad_norm}) at iter {it}'
@@ -320,8 +303,6 @@ def divergence(cfg, state, loss, grad_norm):
     state.loss_ema, state.best_loss_ema = ema, ema if best is None else min(ema, best)
     return None
 
-
-# ------------------------------------------------------------------- evaluation, checkpoints, end
 
 def eval_and_save(run, state):
     """The eval before step state.iter_num, then the checkpoint: (why to stop or None, saved)."""
@@ -341,7 +322,7 @@ def eval_and_save(run, state):
             sat = f", saturation@2.0 {ev['saturation'][norm_stats.AT_2]:.3f}"
         print(f"step {it}: train loss {ev['train_loss']:.4f}, val loss {ev['val_loss']:.4f} (best "
               f"{state.best_val_loss:.4f} @ {state.best_iter}), train acc {ev['train_acc']:.2%}, "
-              f"val acc {ev['val_acc']:.2%}, epochs {state.last_eval['epochs']:.2f}{sat}",
+              f"val acc {ev['val_acc']:.2%}, epochs {ev['epochs']:.2f}{sat}",
               *(f'  warning: {w}' for w in ev['warnings']), sep='\n')
     wanted = (cfg.always_save_checkpoint or improved) and it > 0  # step 0: the seed rebuilds it
     if cfg.eval_only or not (wanted or it >= cfg.max_iters):
@@ -351,38 +332,29 @@ def eval_and_save(run, state):
 
 
 def save(run, state, best=False):
-    """ckpt.pt or ckpt.dcp/ (and best), by every process: rank 0 may write 45 GB as others wait."""
+    """ckpt.pt or ckpt.dcp/ (and best), by all: rank 0 may write 45 GB as the others wait."""
     set_timeout(run.env, LONG_TIMEOUT)
     state.wall_time_s = time.time() - run.t0
-    save_run(run.raw, run.optimizer, dict(run.saved, **asdict(state)), run.cfg.out_dir, run.env,
+    save_run(run.raw, run.optimizer, dict(run.saved, **vars(state)), run.cfg.out_dir, run.env,
              best, run.sharded)
     set_timeout(run.env, run.cfg.step_timeout if state.iter_num > run.start_iter else LONG_TIMEOUT)
 
 
-def finish(run, state, reason, stop, meta):
-    """The end of the run, said, logged and in summary.json; the exit status."""
-    cfg, env, it = run.cfg, run.env, state.iter_num
-    if stop and not reason and it < cfg.max_iters:
-        why = env.stop[0] if env.stop else 'signal on another process'
-        log(run, {'event': 'stopped', 'iter': it, 'signal': why})
-        if env.master:
-            print(f'stopped at iter {it} ({why}); ckpt.pt is saved. Continue with the same command '
-                  'and --init_from=auto (or resume)')
-        return EXIT_STOPPED
+def finish(run, state, reason=None):
+    """The run's end (reason: why it diverged), said, logged, in summary.json; the exit status."""
+    cfg, it = run.cfg, state.iter_num
+    state.wall_time_s = time.time() - run.t0
     if reason:
         log(run, {'event': 'diverged', 'iter': it, 'diverged': True, 'reason': reason})
-        if env.master:
-            print(f'DIVERGED: {reason}. Stopped; the checkpoints in {cfg.out_dir} are the last '
-                  'good ones.', file=sys.stderr)
+        if run.env.master:
+            print(f'DIVERGED: {reason}; the last good checkpoints: {cfg.out_dir}', file=sys.stderr)
     if run.writing:
-        write_summary(run, state, reason, seen(run, it), meta)
-    if reason:
-        return EXIT_DIVERGED
-    if run.writing:
-        print(f"done: {cfg.out_dir} at iter {it}, final val loss {state.last_eval['val_loss']:.4f}, "
-              f'best {state.best_val_loss:.4f} @ {state.best_iter}. Next: '
+        write_summary(run, state, reason, seen(run, it), run.meta)
+    if run.writing and not reason:
+        print(f"done: {cfg.out_dir} at iter {it}, final val loss {state.last_eval['val_loss']:.4f},"
+              f' best {state.best_val_loss:.4f} @ {state.best_iter}. Next: '
               + run.data.next_steps(cfg.out_dir))
-    return 0
+    return EXIT_DIVERGED if reason else 0
 
 
 if __name__ == '__main__':

@@ -7,6 +7,7 @@ it only for these (docs/cluster.md).
 """
 import json
 import os
+import re
 import shutil
 import sys
 import warnings
@@ -151,11 +152,25 @@ def link_or_copy(src, dst):  # the same bytes, no copy; a copy where links are n
 
 def swap_in(tmp, final):
     """Folder tmp renamed to final, the old final removed; a crash in between leaves final.old, which
-    checkpoint.clear_stale puts back."""
+    clear_stale puts back."""
     if os.path.exists(final):
         os.replace(final, final + '.old')
     os.replace(tmp, final)
     shutil.rmtree(final + '.old', ignore_errors=True)
+
+
+def clear_stale(out_dir):
+    """What an interrupted sharded save left removed (*.dcp.tmp/); a folder caught between swap_in's
+    two renames (only *.dcp.old/ there) put back."""
+    for name in os.listdir(out_dir):
+        path = os.path.join(out_dir, name)
+        if re.fullmatch(r'(ckpt|best)\.dcp\.tmp', name):
+            print(f'removing {path}: left by an interrupted save')
+            shutil.rmtree(path)
+        elif re.fullmatch(r'(ckpt|best)\.dcp\.old', name) and os.path.exists(path[:-4]):
+            shutil.rmtree(path)
+        elif re.fullmatch(r'(ckpt|best)\.dcp\.old', name):
+            os.replace(path, path[:-4])
 
 
 def read_fields(folder):

@@ -38,13 +38,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from analyze import DEFAULTS as ANALYZE_DEFAULTS
 from analyze import analyze, fmt
 from checkpoint import load_checkpoint
+from annex.collapse import COLLAPSE_MARGIN
 from annex.plots import pyplot, save_png
 from annex.stats import bootstrap_rule, holm, intersection_union, paired, rule_stats
 from annex.study import PUBLISHED_RULE, THRESHOLD, command_line, eval_at, label, read_json, status
 from annex.protocol import budget_tokens, eot_id
 from data.common import (DataError, atomic_write, entropy_of, load_meta, load_split, token_counts,
                          write_json)
-from evaluate import COLLAPSE_MARGIN
 from model import NORMS
 from norm_stats import AT_2
 

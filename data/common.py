@@ -1,8 +1,8 @@
 """The data as every script reads it: tokenizers, token files, train.py's windows, atomic writes."""
-import hashlib
 import json
 import os
 from dataclasses import fields
+from hashlib import blake2b
 
 import numpy as np
 import torch
@@ -11,40 +11,30 @@ from configurator import annex
 from model import GPTConfig
 
 DATA_DIR = os.path.dirname(os.path.abspath(__file__))
-TIKTOKEN_ENV = "NANONORM_TIKTOKEN_FILE"  # a GPT-2 .tiktoken ranks file, for offline machines
-EOT = {"byte": 256, "gpt2": 50256}  # each tokenizer's end-of-text id
-FOLDER_FORMAT = ('a data folder holds train.bin and val.bin (token ids as raw uint16, or uint32 '
-                 'with "dtype": "uint32") and meta.json {"tokenizer": "byte" or "gpt2", '
-                 '"vocab_size": int}, optionally "dtype" and the counts "train_tokens", '
-                 '"val_tokens" (docs/data.md)')
+TIKTOKEN_ENV = "NANONORM_TIKTOKEN_FILE"  # GPT-2's ranks file, offline
+EOT = {"byte": 256, "gpt2": 50256}  # end-of-text ids
+BYTES = {**{i: bytes([i]) for i in range(256)}, EOT["byte"]: b"<|endoftext|>"}  # byte ids' text
+FOLDER_FORMAT = ('a data folder holds train.bin and val.bin (uint16 ids, or "dtype": "uint32")'
+                 ' and meta.json {"tokenizer": "byte"/"gpt2", "vocab_size": int} (docs/data.md)')
 WRITTEN_AS = {1: "uint8", 2: "uint16", 4: "uint32", 8: "int64 (numpy's default)"}  # by bytes per id
 
 
-class DataError(RuntimeError):  # a data problem the user can fix: the message says what to do
+class DataError(RuntimeError):  # one the user can fix, as its message says
     pass
 
 
 class Tokenizer:
     def __init__(self, name, enc=None):
         self.name, self.enc = name, enc
-        self.eot = enc.eot_token if enc else EOT["byte"]
-        self.n_vocab = enc.n_vocab if enc else 257
+        self.eot, self.n_vocab = (enc.eot_token, enc.n_vocab) if enc else (EOT["byte"], 257)
 
     def encode(self, text):
         return self.enc.encode_ordinary(text) if self.enc else list(text.encode("utf-8"))
 
-    def decode(self, ids):
+    def decode(self, ids):  # a byte id past the vocabulary (padding) decodes as U+FFFD
         if self.enc:
             return self.enc.decode(list(ids))
-        out = bytearray()  # "<" ends a cut UTF-8 sequence as the end of the bytes would
-        for i in ids:
-            if i == self.eot:
-                out += b"<|endoftext|>"
-            elif 0 <= i < 256:
-                out.append(i)
-            else:  # past the vocabulary: a padded embedding table can sample one
-                out += "\ufffd".encode()
-        return out.decode("utf-8", errors="replace")
+        return b"".join(BYTES.get(i, "\ufffd".encode()) for i in ids).decode(errors="replace")
 
 
 def get_tokenizer(name, tiktoken_file=None):
@@ -56,22 +46,17 @@ def get_tokenizer(name, tiktoken_file=None):
     return Tokenizer("gpt2", gpt2_encoding(tiktoken_file or os.environ.get(TIKTOKEN_ENV) or None))
 
 
-def load_split(dataset, split, data_dir=None):
-    """A split of data_dir or data/<dataset>/, as a read-only memmap."""
+def load_split(dataset, split, data_dir=None):  # a read-only memmap
+    meta = load_meta(dataset, data_dir)  # first: no meta.json, no prepared folder
     folder = data_dir or os.path.join(DATA_DIR, dataset)
     path = os.path.join(folder, f"{split}.bin")
-    rebuild = f"python data/{dataset}/prepare.py --force=True"
-    if not os.path.exists(os.path.join(folder, "meta.json")):
-        raise DataError(f"dataset {dataset!r} is not prepared ({folder}/meta.json is missing). "
-                        + how_to_prepare(dataset, data_dir))
+    rebuild = f"rebuild with: python data/{dataset}/prepare.py --force=True"
     if not os.path.exists(path):
         have = sorted(f[:-4] for f in os.listdir(folder) if f.endswith(".bin"))
-        raise DataError(f"dataset {dataset!r} has no {split!r} split ({path} missing); it has "
-                        f"{have}. If a file was deleted, rebuild with: {rebuild}")
+        raise DataError(f"no {split!r} split ({path} missing; found {have}); if deleted, {rebuild}")
     size = os.path.getsize(path)
     if size == 0:
-        raise DataError(f"{path} is empty; rebuild with: {rebuild}")
-    meta = load_meta(dataset, data_dir)
+        raise DataError(f"{path} is empty; {rebuild}")
     dtype, count = np.dtype(meta.get("dtype", "uint16")), meta.get(f"{split}_tokens")
     if count is not None and (type(count) is not int or count < 1):
         raise DataError(f"{folder}/meta.json: '{split}_tokens' must be the number of tokens in "
@@ -84,59 +69,48 @@ def load_split(dataset, split, data_dir=None):
         why = "truncated, or meta.json's count is another file's? Write both again"
         if size / count in WRITTEN_AS:
             why = (f"written as {WRITTEN_AS[size / count]}? meta.json's \"dtype\" must say how "
-                   "the ids are stored: uint16 or uint32")
+                   "they are stored: uint16 or uint32")
         raise DataError(f"{path} holds {n:g} {dtype} ids but meta.json says {split}_tokens="
                         f"{count:,}: {why}")
     return np.memmap(path, dtype=dtype, mode="r")
 
 
-def how_to_prepare(dataset, data_dir):  # for a data folder that is missing or incomplete
-    return FOLDER_FORMAT if data_dir else f"Prepare it with: python data/{dataset}/prepare.py"
-
-
-def load_meta(dataset, data_dir=None):
-    """meta.json, with its kind: "tokens" (its fields checked) or "images" (CIFAR-10's)."""
+def load_meta(dataset, data_dir=None):  # its "kind": "tokens" (fields checked) or "images"
     path = os.path.join(data_dir or os.path.join(DATA_DIR, dataset), "meta.json")
+    how = FOLDER_FORMAT if data_dir else f"Run: python data/{dataset}/prepare.py --force=True"
     if not os.path.exists(path):
-        raise DataError(f"{path} not found. " + how_to_prepare(dataset, data_dir))
+        raise DataError(f"dataset {dataset!r} is not prepared: {path} not found. {how}")
     try:
         with open(path) as f:
             meta = json.load(f)
     except ValueError as e:
-        how = FOLDER_FORMAT
-        if not data_dir:
-            how = f"Rebuild with: python data/{dataset}/prepare.py --force=True"
         raise DataError(f"{path} is not valid JSON ({e}). {how}") from e
     if not isinstance(meta, dict):
         raise DataError(f"{path} must hold a JSON object; {FOLDER_FORMAT}")
     meta["kind"] = meta.get("kind") or ("images" if "train_images" in meta else "tokens")
     if meta["kind"] == "images":
         return meta
-    vocab = meta.get("vocab_size")
     if meta.get("tokenizer") not in ("byte", "gpt2"):
         wrong = f"""'tokenizer' must be "byte" or "gpt2", got {meta.get('tokenizer')!r}"""
-    elif type(vocab) is not int or vocab < 1:
-        wrong = f"'vocab_size' must be a positive int, got {vocab!r}"
-    elif "eot" in meta and not (type(meta["eot"]) is int and 0 <= meta["eot"] < vocab):
-        wrong = ("'eot' must be the end-of-text id that ends each document (an int below "
-                 f"vocab_size), got {meta['eot']!r}")
+    elif type(meta.get("vocab_size")) is not int or meta["vocab_size"] < 1:
+        wrong = f"'vocab_size' must be a positive int, got {meta.get('vocab_size')!r}"
+    elif "eot" in meta and not (type(meta["eot"]) is int and 0 <= meta["eot"] < meta["vocab_size"]):
+        wrong = f"'eot' must be the end-of-text id (an int below vocab_size), got {meta['eot']!r}"
     elif meta.get("dtype", "uint16") not in ("uint16", "uint32"):
         wrong = f"""'dtype' must be "uint16" or "uint32" (the ids' type), got {meta['dtype']!r}"""
-    else:  # every field checked
+    else:
         return meta
     raise DataError(f"{path}: {wrong}; {FOLDER_FORMAT}")
 
 
-def random_windows(n_tokens, count, length, seed=1337):
-    """Seeded starts of `count` windows of `length` tokens; the first k do not depend on count."""
+def random_windows(n_tokens, count, length, seed=1337):  # the first k starts do not depend on count
     if n_tokens < length:
         raise DataError(f"{n_tokens:,} tokens are too few for windows of {length} tokens; use a "
                         "smaller block_size")
     return np.random.default_rng(seed).integers(0, n_tokens - length + 1, size=count)
 
 
-def token_counts(tokens, minlength=0, chunk=1 << 24):
-    """How often each id occurs, counted in chunks (no copy of a 118M-token budget)."""
+def token_counts(tokens, minlength=0, chunk=1 << 24):  # in chunks: no copy of a 118M-token budget
     counts = np.zeros(minlength, dtype=np.int64)
     for k in range(0, len(tokens), chunk):
         c = np.bincount(np.asarray(tokens[k:k + chunk]), minlength=len(counts))
@@ -144,40 +118,36 @@ def token_counts(tokens, minlength=0, chunk=1 << 24):
     return counts
 
 
-def entropy_of(counts):  # in nats: the loss of a model predicting only these frequencies
+def entropy_of(counts):  # in nats: the loss of a frequencies-only model
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())
 
 
-def data_budget(train, train_tokens, budget_docs=None, meta=None):
-    """The first train_tokens (None: all); with budget_docs, a seeded subset of whole documents."""
+def data_budget(train, train_tokens, budget_docs=None, meta=None):  # or seeded whole documents
     if budget_docs is None:
         return train[:train_tokens]
     protocol = annex('protocol', 'budget_docs')
     return protocol.budget_tokens(train, train_tokens, budget_docs, protocol.eot_id(meta))
 
 
-def derived_seed(*parts):  # of all its parts (seed, purpose, step...): independent, reproducible
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, 'little') >> 1
+def derived_seed(*parts):  # of (seed, purpose, step...): independent, reproducible
+    return int.from_bytes(blake2b(repr(parts).encode(), digest_size=8).digest(), 'little') >> 1
 
 
-def micro_batches(n, world, rank, batch_size):
-    """This rank's share of n: (first, count) micro-batches <= batch_size, as many on all (FSDP)."""
+def micro_batches(n, world, rank, batch_size):  # this rank's (first, count)s, as many on all (FSDP)
     lo, hi = rank * n // world, (rank + 1) * n // world
-    count = -(-(-(-n // world)) // batch_size)  # ceil(ceil(n / world) / batch_size)
+    count = -(-n // (world * batch_size))  # = ceil(ceil(n / world) / batch_size)
     bounds = [lo + (hi - lo) * k // count for k in range(count + 1)]
     return [(a, b - a) for a, b in zip(bounds, bounds[1:])]
 
 
-class TokenData:
-    """Windows and their next tokens, a step's from (seed, step) alone: resumable, multi-process."""
+class TokenData:  # a step's windows from (seed, step) alone: resumable
     unit, predicted = 'tokens', 'token'
 
     def __init__(self, train, val, block_size, eval_count, eval_seed, paper_val=None):
         self.train, self.val, self.val_paper, self.block_size = train, val, paper_val, block_size
         self.n_train, self.per_sample = len(train), block_size
-        counts = token_counts(train)  # one pass: the largest id, and a collapsed model's loss
+        counts = token_counts(train)  # one pass: the top id, a collapsed model's loss
         self.top_id, self.entropy = len(counts) - 1, entropy_of(counts)
         windows = random_windows(len(train), eval_count, block_size + 1, eval_seed)
         self.eval_ids = {'train': torch.from_numpy(windows),
@@ -189,7 +159,7 @@ class TokenData:
     def describe(self, n):  # n samples
         return f'{n} sequences x {self.block_size} tokens = {n * self.block_size:,} tokens'
 
-    def next_steps(self, out_dir):  # what train.py suggests once a run has finished
+    def next_steps(self, out_dir):  # what train.py suggests once a run ends
         return f'python sample.py --out_dir={out_dir}; python analyze.py all {out_dir}'
 
     def draw(self, seed, step, count, split='train'):  # where a step's windows start
@@ -197,20 +167,17 @@ class TokenData:
         return torch.randint(len(getattr(self, split)) - self.block_size, (count,), generator=g)
 
     def batch(self, split, starts, device):
-        data, T = getattr(self, split), self.block_size
-        rows = [torch.from_numpy(data[i:i + T + 1].astype(np.int64)) for i in starts.tolist()]
-        xy = torch.stack(rows)  # each window with the token after it
+        windows = np.asarray(starts)[:, None] + np.arange(self.block_size + 1)  # + the token after
+        xy = torch.from_numpy(getattr(self, split)[windows].astype(np.int64))
         return to_device(xy[:, :-1].contiguous(), device), to_device(xy[:, 1:].contiguous(), device)
 
 
-def to_device(t, device):
-    if 'cuda' in str(device):  # pinned, so the copy overlaps the work already queued on the GPU
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
+def to_device(t, device):  # pinned for CUDA: the copy overlaps queued work
+    cuda = 'cuda' in str(device)
+    return (t.pin_memory() if cuda else t).to(device, non_blocking=cuda)
 
 
-def open_data(cfg, env, eval_seed):
-    """train.py's (meta, TokenData or ImageData), cfg.vocab_size set; pydocs built if missing."""
+def open_data(cfg, env, eval_seed):  # (meta, data), cfg.vocab_size set; pydocs built if missing
     try:
         if cfg.dataset == 'pydocs' and cfg.data_dir is None and not os.path.exists(
                 os.path.join(DATA_DIR, 'pydocs', 'meta.json')):
@@ -223,46 +190,41 @@ def open_data(cfg, env, eval_seed):
         if meta['kind'] == 'images':
             vit = annex('vit', f'dataset {cfg.dataset!r} (images, for a ViT)')
             return vit.open_images(cfg.dataset, cfg.data_dir, eval_count, eval_seed, cfg.paper_val)
-        data = open_tokens(cfg, meta, eval_count, eval_seed)
+        return meta, open_tokens(cfg, meta, eval_count, eval_seed)
     except DataError as e:
         raise SystemExit(f'error: {e}') from None
-    if cfg.vocab_size is None:
-        cfg.vocab_size = -(-meta['vocab_size'] // 64) * 64
-    elif cfg.vocab_size < meta['vocab_size']:
-        raise SystemExit(f"error: vocab_size={cfg.vocab_size} is smaller than the dataset's "
-                         f"vocabulary ({meta['vocab_size']} in meta.json); use vocab_size=None "
-                         "(padded automatically)")
-    return meta, data
 
 
 def open_tokens(cfg, meta, eval_count, eval_seed):
     train, val = (load_split(cfg.dataset, s, data_dir=cfg.data_dir) for s in ('train', 'val'))
-    paper = None
+    T, vocab, paper = cfg.block_size, meta['vocab_size'], None
     if cfg.paper_val:
         paper = val[:annex('protocol', 'paper_val').paper_val_tokens(cfg.train_tokens, len(val))]
     val = val[:cfg.val_tokens]
     n_train = len(train) if cfg.train_tokens is None else cfg.train_tokens
-    if not cfg.block_size < n_train <= len(train):
-        raise DataError(f'train_tokens={cfg.train_tokens} must be between block_size+1 '
-                        f'({cfg.block_size + 1}) and the size of the train split ({len(train):,} '
-                        'tokens)')
-    if len(val) <= cfg.block_size:
+    if not T < n_train <= len(train):
+        raise DataError(f'train_tokens={cfg.train_tokens} must be between block_size+1 ({T + 1}) '
+                        f'and the size of the train split ({len(train):,} tokens)')
+    if len(val) <= T:
         raise DataError(f'the val split ({len(val):,} tokens, val_tokens={cfg.val_tokens}) is '
-                        f'shorter than block_size+1 ({cfg.block_size + 1})')
-    data = TokenData(data_budget(train, cfg.train_tokens, cfg.budget_docs, meta), val,
-                     cfg.block_size, eval_count, eval_seed, paper)
+                        f'shorter than block_size+1 ({T + 1})')
+    data = TokenData(data_budget(train, cfg.train_tokens, cfg.budget_docs, meta), val, T,
+                     eval_count, eval_seed, paper)
     for split, top in (('train', data.top_id), ('val', int(val.max()))):
-        if top >= meta['vocab_size']:  # ids past the vocabulary: garbage
+        if top >= vocab:
             raise DataError(f"the {split} split (as trained on) holds token id {top:,}, but "
-                            f"meta.json's vocab_size is {meta['vocab_size']:,}: ids must be below "
-                            'it. Fix vocab_size, or the token files (another tokenizer? the wrong '
-                            '"dtype"?)')
+                            f"meta.json's vocab_size is {vocab:,}: ids must be below it. Fix "
+                            'vocab_size or the token files (another tokenizer? wrong "dtype"?)')
+    if cfg.vocab_size is None:
+        cfg.vocab_size = -(-vocab // 64) * 64
+    elif cfg.vocab_size < vocab:
+        raise DataError(f"vocab_size={cfg.vocab_size} is smaller than the dataset's vocabulary "
+                        f"({vocab} in meta.json); use vocab_size=None (padded automatically)")
     return data
 
 
-def atomic_write(path, write):
-    """write(f) to a temporary file, fsync, rename: a crash leaves the old file or the new."""
-    tmp = f"{path}.tmp{os.getpid()}"
+def atomic_write(path, write):  # temp, fsync, rename: a crash leaves the old file or the new
+    tmp, fd = f"{path}.tmp{os.getpid()}", None
     try:
         with open(tmp, "wb") as f:
             write(f)
@@ -270,14 +232,12 @@ def atomic_write(path, write):
             os.fsync(f.fileno())
         os.replace(tmp, path)
         fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        os.fsync(fd)  # the rename too
     except OSError as e:
-        raise DataError(f"cannot write {path}: {e}. Free some disk space or choose a writable "
-                        "folder.") from e
+        raise DataError(f"cannot write {path}: {e}. Free space or use a writable folder.") from e
     finally:
+        if fd is not None:
+            os.close(fd)
         if os.path.exists(tmp):
             os.remove(tmp)
 

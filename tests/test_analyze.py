@@ -80,7 +80,7 @@ def test_effective_rank_identity_rank1_and_closed_form():
 
 # ---------------------------------------------------------------------------------------------- spectra
 
-def test_batched_eigenvalues_and_spectra_figures():
+def test_eigenvalues_and_spectra_figures():
     g = torch.Generator().manual_seed(0)
     mats = {"a": torch.randn(60, 80, generator=g), "b": torch.randn(60, 80, generator=g),
             "c": torch.randn(100, 70, generator=g), "d": torch.randn(50, 50, generator=g) ** 3}
@@ -204,17 +204,6 @@ def test_block_output_effective_rank_matches_direct_svd():
         s = np.linalg.svd(torch.cat(outs[k]).reshape(-1, 32).double().numpy(), compute_uv=False)
         p = s / s.sum()
         assert got[k] == pytest.approx(math.exp(-sum(pi * math.log(pi) for pi in p)), rel=1e-6)
-
-
-def test_alpha_against_inverse_std_pearson():
-    # every layer with an alpha counts, whatever its kind (DyT, Derf); layers without one do not
-    stats = {"layers": {"a": dict(kind="dyt", alpha=1.0, input_std=1.0),
-                        "b": dict(kind="dyt", alpha=2.0, input_std=0.25),
-                        "c": dict(kind="derf", alpha=4.0, input_std=0.5),
-                        "n": dict(kind="layernorm", alpha=None, input_std=3.0)}}
-    got = analyze.alpha_vs_std(stats)
-    assert list(got["layers"]) == ["a", "b", "c"] and got["layers"]["b"]["inv_std"] == 4.0
-    assert got["pearson"] == pytest.approx(pearson([1.0, 2.0, 4.0], [1.0, 4.0, 2.0]))
 
 
 # ------------------------------------------------------------------------------------------ command line
@@ -406,7 +395,8 @@ def test_bad_input_gives_clear_errors(tmp_path, dataset):
         (["spectra", str(run), "--window=6"], "did you mean windows"),
         (["spectra", str(run), "--windows=x"], "must be int"),
         (["spectra", str(run), "--windows", "6"], "expected --key=value"),
-        (["spectra", str(run), "--device=gpu"], "not a device name"),
+        (["spectra", str(run), "--device=gpu"],
+         "device='gpu' is unknown: use 'cpu', 'cuda[:N]' or 'mps'"),
         (["nonsense", str(run)],
          "unknown command 'nonsense'; choose one of saturation, spectra, rank, alpha, all"),
         (["satuation", str(run)], "unknown command 'satuation' (did you mean saturation?)"),

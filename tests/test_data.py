@@ -233,7 +233,7 @@ def test_write_tokens_and_load_split(tmp_path):
     d = tmp_path / "toy"
     d.mkdir()
     assert write_tokens(str(d / "train.bin"), [[1, 2, 3], np.array([65535, 0])], 65536) == 5
-    missing = r"not prepared.*meta.json is missing\)\. a data folder holds train.bin"
+    missing = r"not prepared: .*/meta.json not found\. a data folder holds train.bin"
     with pytest.raises(DataError, match=missing) as e:
         load_split("toy", "train", data_dir=str(d))  # no meta.json yet: not finished; the user's folder
     assert "prepare.py" not in str(e.value)  # no prepare script writes into the user's folder

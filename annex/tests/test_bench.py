@@ -58,7 +58,7 @@ def test_help_and_bad_keys(capsys):
                        "unknown config key 'stesp' (from --stesp=3); did you mean steps?"),
                       (["--steps=x"], "config key 'steps' (from --steps=x) must be int"),
                       (["--dtype=float16"], "dtype='float16' is not known; use 'float32' or 'bfloat16'"),
-                      (["--device=gpu"], "not a device name"),
+                      (["--device=gpu"], "device='gpu' is unknown: use 'cpu', 'cuda[:N]' or 'mps'"),
                       (["--n_head=3"], "n_embd=256 must be divisible by n_head=3"),
                       (["--steps=0"], "batch_size and steps must be positive"),
                       (["--compile=True", "--warmup=0"], "compile=True needs warmup >= 1")]:
