@@ -183,7 +183,7 @@ def analyze(path, command, opts):  # its figures (the JSON) and eigenvalues (plo
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"analyze.py: {e}") from None
     want = set(SECTIONS[command])
-    alpha = annex("alpha", "analyze.py alpha") if command == "alpha" else annex("alpha")
+    alpha = annex("alpha", "analyze.py alpha" if command == "alpha" else None)
     res = dict(path=str(path), iter_num=ckpt.get("iter_num"),
                dataset=ckpt.get("config", {}).get("dataset"), norm=model.config.norm,
                model_args=ckpt["model_args"])

@@ -42,7 +42,7 @@ def check_train_config(cfg, world):  # before any I/O; sets device, dtype, backe
         raise SystemExit("error: dtype must be 'float32' or 'bfloat16'")
     for key in ('eval_interval', 'eval_interval_warmup', 'log_interval', 'eval_iters', 'batch_size',
                 'block_size', 'gradient_accumulation_steps', 'max_iters', 'paper_val'):
-        value, least = getattr(cfg, key), 0 if key in ('max_iters', 'paper_val') else 1
+        value, least = getattr(cfg, key), (0 if key in ('max_iters', 'paper_val') else 1)
         if value is not None and value < least:  # eval_interval_warmup None: eval_interval's
             raise SystemExit(f'error: {key}={value} must be >= {least}')
     if cfg.wandb_log and not importlib.util.find_spec('wandb'):
@@ -50,7 +50,7 @@ def check_train_config(cfg, world):  # before any I/O; sets device, dtype, backe
     for n, what in ((cfg.batch_size * cfg.gradient_accumulation_steps,
                      'samples per step (batch_size x gradient_accumulation_steps)'),
                     (cfg.eval_iters * cfg.batch_size, 'eval_iters x batch_size eval samples')):
-        if n // world < len(micro_batches(n, world, 0, cfg.batch_size)):
+        if n // world < len(micro_batches(n, world, 0, cfg.batch_size)):  # a share left empty
             raise SystemExit(f'error: the {n} {what} are too few to give each of {world} processes '
                              'the same number of micro-batches; raise them or use fewer processes')
 

@@ -47,7 +47,7 @@ def log(run, record):  # a log.jsonl line (a step, eval or event), a wandb step
         wandb.log(record, step=record['iter'])
 
 
-def write_summary(run, state, reason, seen, meta):
+def write_summary(run, state, reason):
     """summary.json: how the run ended, its last eval's figures, what it read; ends wandb's run."""
     last, it = state.last_eval or {}, state.iter_num
     layers = last.get('norm_layers', {})
@@ -62,9 +62,9 @@ def write_summary(run, state, reason, seen, meta):
         'alphas': {k: v['alpha'] for k, v in layers.items() if v['alpha'] is not None},
         'iters': it, 'wall_time_s': state.wall_time_s, 'diverged': bool(reason),
         'diverged_reason': reason, 'diverged_iter': it if reason else None,
-        'warnings': last.get('warnings'), **seen, 'n_params': run.raw.get_num_params(),
+        'warnings': last.get('warnings'), **seen(run, it), 'n_params': run.raw.get_num_params(),
         f'budget_{run.data.unit}': run.data.n_train, 'unigram_entropy': run.data.entropy,
-        'config': run.saved['config'], 'layout': meta.get('layout', 'file')})  # the tokenization
+        'config': run.saved['config'], 'layout': run.meta.get('layout', 'file')})  # tokenization
     if run.cfg.wandb_log:  # ended (a stopped run's ends with its process)
         import wandb
         wandb.finish()

@@ -349,7 +349,7 @@ def finish(run, state, reason=None):
         if run.env.master:
             print(f'DIVERGED: {reason}; the last good checkpoints: {cfg.out_dir}', file=sys.stderr)
     if run.writing:
-        write_summary(run, state, reason, seen(run, it), run.meta)
+        write_summary(run, state, reason)
     if run.writing and not reason:
         print(f"done: {cfg.out_dir} at iter {it}, final val loss {state.last_eval['val_loss']:.4f},"
               f' best {state.best_val_loss:.4f} @ {state.best_iter}. Next: '

@@ -167,10 +167,11 @@ def clear_stale(out_dir):
         if re.fullmatch(r'(ckpt|best)\.dcp\.tmp', name):
             print(f'removing {path}: left by an interrupted save')
             shutil.rmtree(path)
-        elif re.fullmatch(r'(ckpt|best)\.dcp\.old', name) and os.path.exists(path[:-4]):
-            shutil.rmtree(path)
         elif re.fullmatch(r'(ckpt|best)\.dcp\.old', name):
-            os.replace(path, path[:-4])
+            if os.path.exists(path[:-4]):  # the new one is whole
+                shutil.rmtree(path)
+            else:
+                os.replace(path, path[:-4])
 
 
 def read_fields(folder):

@@ -276,6 +276,11 @@ def test_tiny_run_learns_and_records_everything(data_dir, tmp_path):
     assert summary['layout'] == 'file'  # the tiny folder's meta.json has no "layout": a whole-file encode
     assert set(summary['alphas']) == set(layers) and len(summary['saturation_layers']) == 5
     assert summary['config']['train_tokens'] == 20000 and summary['n_params'] > 0
+    # the budget's unigram entropy, written out: the loss of predicting its token frequencies alone
+    counts = np.bincount(np.fromfile(os.path.join(data_dir, 'train.bin'), dtype=np.uint16)[:20000])
+    p = counts[counts > 0] / 20000
+    assert summary['unigram_entropy'] == pytest.approx(float(-(p * np.log(p)).sum()))
+    assert summary['budget_tokens'] == 20000
     assert json.load(open(os.path.join(out, 'config.json')))['norm'] == 'dyt'
     for name in ('ckpt.pt', 'best.pt'):
         ckpt = torch.load(os.path.join(out, name), weights_only=True)
