@@ -3,7 +3,6 @@ import os
 import pickle
 import re
 import shutil
-import sys
 import zipfile
 from dataclasses import dataclass, fields
 
@@ -12,11 +11,12 @@ import torch.distributed.checkpoint.state_dict as dsd
 
 from configurator import annex
 from data.common import atomic_write
-from distributed import any_failed, pick_device
+from distributed import pick_device
 from model import GPT, GPTConfig
 
 CHECKPOINTS = {'latest': 'ckpt.pt', 'best': 'best.pt'}  # by the names users pick
 SHARDED = {'latest': 'ckpt.dcp', 'best': 'best.dcp'}  # as folders of shards: annex/cluster.py
+# ckpt.pt or ckpt.dcp/, whichever was saved last, is the latest: each save removes the other
 COPY_AGAIN = "Copy it again, or use the run's other one (ckpt.pt / best.pt)"
 
 
@@ -40,7 +40,11 @@ class LoopState:  # train.py's loop, as a checkpoint holds it
 def checkpoint_file(path, which='latest'):  # a file as it is, or a run directory's
     if which not in CHECKPOINTS:
         raise ValueError(f"--ckpt={which} is not a checkpoint choice; use latest (ckpt.pt) or best")
-    return os.path.join(path, CHECKPOINTS[which]) if os.path.isdir(path) else str(path)
+    if not os.path.isdir(path):
+        return str(path)
+    if os.path.isdir(os.path.join(path, SHARDED[which])):  # in shards: its export, said how old
+        return annex('cluster', 'a sharded checkpoint (ckpt.dcp)').current_file(path, which)
+    return os.path.join(path, CHECKPOINTS[which])
 
 
 def load_checkpoint(path, device='cpu', which='latest', language_model=False, verify=True):
@@ -95,15 +99,17 @@ def read_checkpoint(path):
     return ckpt
 
 
-def load_weights(ckpt, path, device):  # built on `device`: no CPU copy first
+def load_weights(ckpt, path, device, model_args=None):  # on `device`: no CPU copy first
     try:
         with torch.device(device):
-            model = build_model(ckpt['model_args'])
+            model = build_model(model_args or ckpt['model_args'])
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: its model_args fit no model this version builds: {e}") from None
     state = {k: v.to('meta') if device == 'meta' else v for k, v in ckpt['model'].items()
              if not k.endswith('.attn.bias')}  # old nanoGPT ones saved causal masks
     mismatch = f"{path}: the weights do not match its model_args (another architecture?):"
+    if model_args:
+        mismatch = f"{path}: its weights do not fit this run's model (init_from):"
     try:
         result = model.load_state_dict(state, strict=False)
     except RuntimeError as e:  # shapes differ: PyTorch lists all, a few say enough
@@ -150,24 +156,30 @@ def save_checkpoint(state, out_dir, best=False):
         except OSError:
             with open(path, 'rb') as src:  # streamed: 3.78b weights do not fit in RAM twice
                 atomic_write(final, lambda f: shutil.copyfileobj(src, f, 1 << 24))
+    for kind in ('latest', 'best') if best else ('latest',):  # the older shards
+        shutil.rmtree(os.path.join(out_dir, SHARDED[kind]), ignore_errors=True)
 
 
-def save_run(model, optimizer, fields, out_dir, env, best=False, sharded=None):
-    """Rank 0's ckpt.pt or every rank's ckpt.dcp/ (annex/cluster.py); any failure ends them all."""
-    error = None
-    try:
-        if sharded:
-            sharded.save_sharded(model, optimizer, fields, out_dir, best, env)
-        else:
-            state = training_state(model, optimizer, **fields)
-            if env.master:
-                save_checkpoint(state, out_dir, best=best)
-    except Exception as e:
-        error = f'{type(e).__name__}: {e}'
-        print(f'rank {env.rank}: could not save the checkpoint: {error}', file=sys.stderr)
-    if any_failed(env, error):
-        raise SystemExit(f"error: checkpoint at iter {fields['iter_num']} not saved "
-                         f"({error or 'on another process'}); the last one saved is intact")
+def save_run(model, optimizer, fields, cfg, env, best=False):
+    """Rank 0's ckpt.pt, now (sharded, in the background, kept: annex/cluster.py's save_run)."""
+    state = training_state(model, optimizer, **fields)
+    if env.master:
+        save_checkpoint(state, cfg.out_dir, best=best)
+
+
+def starting_checkpoint(cfg, model_args, n_train, env):
+    """What the run starts from: its checkpoint, init_from=PATH's weights (rank 0's), or None."""
+    if env.master and not cfg.eval_only:
+        clear_stale(cfg.out_dir)
+    if cfg.init_from == 'resume':
+        return read_resume_checkpoint(cfg, model_args, n_train, env.master)
+    if cfg.init_from == 'scratch':
+        return None
+    if not env.master:  # it receives them
+        return {'model': {}}
+    _, ckpt = load_checkpoint(cfg.init_from, device='meta')
+    load_weights(ckpt, cfg.init_from, 'meta', model_args)  # the shapes checked
+    return {'model': ckpt['model']}
 
 
 def read_resume_checkpoint(cfg, model_args, n_train, master):
@@ -218,21 +230,23 @@ def has_ended(cfg, state, master):  # at max_iters, with its summary.json writte
 
 
 def load_training_state(raw, optimizer, ckpt, env):
-    """A resumed run's weights and AdamW state: rank 0's, broadcast; a sharded one's, by part."""
+    """A checkpoint's weights, AdamW state unless None: rank 0's, broadcast; a sharded one's, by part."""
     if 'sharded' in ckpt:
         annex('cluster').load_sharded(raw, optimizer, ckpt['sharded'], env)
         return
     options = dsd.StateDictOptions(full_state_dict=True, broadcast_from_rank0=env.ddp)
     keep = not env.ddp or env.master
     dsd.set_model_state_dict(raw, ckpt['model'] if keep else {}, options=options)
-    dsd.set_optimizer_state_dict(raw, optimizer, ckpt['optimizer'] if keep else {}, options=options)
+    if optimizer:
+        dsd.set_optimizer_state_dict(raw, optimizer, ckpt['optimizer'] if keep else {},
+                                     options=options)
 
 
-def clear_stale(out_dir):  # left by interrupted saves; *.dcp: annex/cluster.py
+def clear_stale(out_dir):  # left by interrupted saves; *.dcp: annex/cluster.py, which keeps one
     names = os.listdir(out_dir) if os.path.isdir(out_dir) else []
     for name in names:
-        if re.fullmatch(r'(ckpt|best)\.pt\.tmp\d+', name):
+        if re.fullmatch(r'(ckpt|best)(-\d+)?\.pt\.tmp\d+', name):
             print(f'removing {os.path.join(out_dir, name)}: left by an interrupted save')
             os.remove(os.path.join(out_dir, name))
-    if any(name.endswith(('.dcp.tmp', '.dcp.old')) for name in names):
+    if any(name.endswith(('.dcp', '.dcp.tmp', '.dcp.old')) for name in names):
         annex('cluster', 'a sharded checkpoint (ckpt.dcp)').clear_stale(out_dir)

@@ -33,9 +33,10 @@ def check_train_config(cfg, world):  # before any I/O; sets device, dtype, backe
                   for name in ('ckpt.pt', 'ckpt.dcp', 'ckpt.dcp.old'))
     if cfg.init_from == 'auto':
         cfg.init_from = 'resume' if has_run else 'scratch'
-    if cfg.init_from not in ('scratch', 'resume'):
-        raise SystemExit("error: init_from must be 'scratch', 'resume' or 'auto'")
-    if has_run and cfg.init_from == 'scratch' and not (cfg.overwrite or cfg.eval_only):
+    if cfg.init_from not in ('scratch', 'resume') and not os.path.exists(cfg.init_from):
+        raise SystemExit(f"error: init_from={cfg.init_from!r}: use 'scratch', 'resume', 'auto' or "
+                         "the path of another run's checkpoint (its out_dir or ckpt.pt); none there")
+    if has_run and cfg.init_from != 'resume' and not (cfg.overwrite or cfg.eval_only):
         raise SystemExit(f'error: {cfg.out_dir} already holds a run (ckpt.pt); pass '
                          '--out_dir=NEW, --init_from=resume (or auto), or --overwrite=True')
     if cfg.dtype not in ('float32', 'bfloat16'):
@@ -88,12 +89,16 @@ def setup(cfg, stop_signals):  # cfg checked; this process's env, in torchrun's 
         if device.startswith('cuda'):  # modulo: Slurm may show a task only its GPU
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0)) % torch.cuda.device_count()}"
             torch.cuda.set_device(device)
-            os.environ.setdefault('TORCH_NCCL_TRACE_BUFFER_SIZE', '2000')  # NCCL's flight recorder:
-            os.environ.setdefault('TORCH_NCCL_DUMP_ON_TIMEOUT', '1')  # dumps what each rank awaited
+            os.environ.setdefault('TORCH_FR_BUFFER_SIZE', '2000')  # NCCL's flight recorder: what
+            os.environ.setdefault('TORCH_NCCL_DUMP_ON_TIMEOUT', '1')  # each awaited, in out_dir
+            os.environ.setdefault('TORCH_FR_DUMP_TEMP_FILE', f'{cfg.out_dir}/nccl_trace_rank_')
         dist.init_process_group(backend=cfg.backend, timeout=timedelta(seconds=LONG_TIMEOUT))
     env = SimpleNamespace(ddp=ddp, fsdp=cfg.fsdp and ddp, rank=rank, world=world, master=rank == 0,
                           device=device, device_type=device.split(':')[0], groups=[None], stop=[],
                           ptdtype=getattr(torch, cfg.dtype), ctx=precision(device, cfg.dtype)[1])
+    if cfg.deterministic:  # bitwise repeatable on a GPU too, slower (docs/training.md)
+        os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
+        torch.use_deterministic_algorithms(True)
     for sig in stop_signals:  # each fills env.stop
         signal.signal(sig, functools.partial(request_stop, env))
     return env
@@ -109,6 +114,20 @@ def set_timeout(env, seconds):
     if env.ddp:
         for group in env.groups:
             dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds), group)
+
+
+def on_every_process(env, doing, action, *args):
+    """action(*args) on every process; if it fails on any, all end (SystemExit) saying why."""
+    error = result = None
+    try:
+        result = action(*args)
+    except SystemExit as e:  # its message is the user's already
+        error = str(e)
+    except Exception as e:
+        error = f'error: {doing} ({type(e).__name__}: {e})'
+    if any_failed(env, error):
+        raise SystemExit(error or f'error: {doing} (on another process)')
+    return result
 
 
 def any_failed(env, error):  # whether any process has an error (or None): all learn it

@@ -29,7 +29,7 @@ def prepare_run_dir(out_dir, config, resume_iter=None):
             shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
     else:  # the checkpoint's eval (or stop) kept
         kept = read_log(log_path, lambda r: r['iter'] < resume_iter or (
-            r['iter'] == resume_iter and r['event'] in ('eval', 'stopped')))
+            r['iter'] == resume_iter and r['event'] in ('eval', 'saved', 'stopped')))
     write_json(os.path.join(out_dir, 'config.json'), config)
     atomic_write(log_path, lambda f: f.write(''.join(json.dumps(r) + '\n' for r in kept).encode()))
     if config.get('wandb_log'):

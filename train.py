@@ -14,12 +14,12 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
+import checkpoint
 import norm_stats
-from checkpoint import (LoopState, build_model, clear_stale, has_ended, load_training_state,
-                        read_resume_checkpoint, save_run)
+from checkpoint import LoopState, build_model, has_ended, load_training_state, starting_checkpoint
 from configurator import annex, config_keys, configure
 from data.common import derived_seed, micro_batches, open_data
-from distributed import LONG_TIMEOUT, any_failed, set_timeout, setup
+from distributed import LONG_TIMEOUT, any_failed, on_every_process, set_timeout, setup
 from evaluate import evaluate
 from run_files import log, log_step, prepare_run_dir, seen, write_summary
 
@@ -31,8 +31,10 @@ log_interval = 10
 eval_iters = 10  # batches per split per eval (images: all of test)
 eval_only = False
 always_save_checkpoint = True  # False: when val loss improves, and at the end
-init_from = 'scratch'  # or 'resume' (out_dir/ckpt.pt), 'auto' (resume if there is one)
+init_from = 'scratch'  # 'resume' (out_dir's), 'auto' (resume if any), or a run's path: its weights
 overwrite = False  # False: a scratch run refuses an out_dir that holds a run
+keep_last = 0  # also keep the last this many checkpoints as ckpt-<iter> (annex/cluster.py)
+async_save = False  # True: checkpoints written in the background as training goes on (same)
 wandb_log = False
 wandb_project = 'nanonorm'
 wandb_run_name = 'run'
@@ -83,6 +85,7 @@ dtype: str | None = None  # 'float32' or 'bfloat16' (autocast); None: bfloat16 i
 compile = False
 backend: str | None = None  # torch.distributed's; None: nccl on CUDA, else gloo
 peak_flops: float | None = None  # peak FLOP/s for MFU; None: by GPU name
+deterministic = False  # True: deterministic algorithms, bitwise on a GPU too (slower)
 step_timeout = 600  # seconds collectives wait for a lost process (saves: an hour)
 seed = 1337
 # for the annexes only, which say what each does: annex/protocol.py, vit.py (ViTConfig), cluster.py
@@ -133,12 +136,9 @@ def train(cfg, env):
     meta, data = open_data(cfg, env, EVAL_SEED)
     config, resume = vars(cfg).copy(), cfg.init_from == 'resume'
     model_args = data.model_args(config)
-    if env.master and not cfg.eval_only:
-        clear_stale(cfg.out_dir)
-    if env.ddp:
-        dist.barrier()
-    ckpt = read_resume_checkpoint(cfg, model_args, data.n_train, env.master) if resume else None
-    state = LoopState.from_checkpoint(ckpt) if ckpt else LoopState()
+    ckpt = on_every_process(env, 'cannot start', starting_checkpoint, cfg, model_args,
+                            data.n_train, env)  # a failure ends all before they wait on it
+    state = LoopState.from_checkpoint(ckpt) if resume else LoopState()
     if resume and has_ended(cfg, state, env.master):  # its files are left as they are
         return 0
     samples = cfg.batch_size * cfg.gradient_accumulation_steps  # a step's, over all processes
@@ -153,13 +153,14 @@ def train(cfg, env):
     raw, model = build(cfg, env, model_args)
     optimizer = raw.configure_optimizers(cfg.weight_decay, cfg.learning_rate,
                                          (cfg.beta1, cfg.beta2), env.device_type)
-    if ckpt:
-        load_training_state(raw, optimizer, ckpt, env)
+    if ckpt:  # init_from=PATH: the weights only
+        load_training_state(raw, optimizer if resume else None, ckpt, env)
         del ckpt
     n_params = sum(p.numel() for p in raw.parameters())  # what a checkpoint holds
-    sharded, peak = None, cfg.peak_flops
-    if env.ddp and n_params > cfg.shard_checkpoints_above:
-        sharded = annex('cluster', 'sharded checkpoints')
+    sharded, peak = env.ddp and n_params > cfg.shard_checkpoints_above, cfg.peak_flops
+    saves = checkpoint  # its save_run, or the annex's
+    if sharded or cfg.async_save or cfg.keep_last:
+        saves = annex('cluster', 'sharded, asynchronous or kept checkpoints')
     if not peak and memory:
         peak = memory.gpu_peak_flops(env.device, env.ptdtype)
     if env.master:
@@ -174,14 +175,14 @@ def train(cfg, env):
         seed=cfg.seed, train_tokens=data.n_train, block_size=cfg.block_size,
         budget_docs=cfg.budget_docs, eval_seed=EVAL_SEED), tokenizer=meta.get('tokenizer'))
     run = SimpleNamespace(cfg=cfg, env=env, data=data, meta=meta, raw=raw, model=model, saved=saved,
-                          optimizer=optimizer, samples=samples, parts=parts, sharded=sharded,
+                          optimizer=optimizer, samples=samples, parts=parts, saves=saves,
                           peak_flops=peak, start_iter=state.iter_num,
                           writing=env.master and not cfg.eval_only)  # what the steps share
     problem = None
     if run.writing:
         prepare_run_dir(cfg.out_dir, config, state.iter_num if resume else None)
         if memory:  # fp32 weights and AdamW's two moments
-            problem = memory.check_room(cfg.out_dir, 12 * n_params, gathered=sharded is None)
+            problem = memory.check_room(cfg.out_dir, 12 * n_params, gathered=not sharded)
     if any_failed(env, problem):  # now, not after hours of training
         why = problem if problem else 'rank 0 cannot save checkpoints (see its message)'
         raise SystemExit(f'error: {why}')
@@ -224,6 +225,7 @@ def loop(run, state):
         if stop:  # a signal somewhere: all saw it in the last all-reduce
             if not saved:
                 save(run, state)
+            settle(run)
             why = env.stop[0] if env.stop else 'signal on another process'
             log(run, {'event': 'stopped', 'iter': it, 'signal': why})
             if env.master:
@@ -334,16 +336,25 @@ def eval_and_save(run, state):
 def save(run, state, best=False):
     """ckpt.pt or ckpt.dcp/ (and best), by all: rank 0 may write 45 GB as the others wait."""
     set_timeout(run.env, LONG_TIMEOUT)
-    state.wall_time_s = time.time() - run.t0
-    save_run(run.raw, run.optimizer, dict(run.saved, **vars(state)), run.cfg.out_dir, run.env,
-             best, run.sharded)
+    t0 = time.time()
+    state.wall_time_s = t0 - run.t0
+    on_every_process(run.env, f'checkpoint at iter {state.iter_num} not saved', run.saves.save_run,
+                     run.raw, run.optimizer, dict(run.saved, **vars(state)), run.cfg, run.env, best)
+    log(run, {'event': 'saved', 'iter': state.iter_num, 'seconds': time.time() - t0,
+              'background': run.cfg.async_save})  # the time training waited
     set_timeout(run.env, run.cfg.step_timeout if state.iter_num > run.start_iter else LONG_TIMEOUT)
+
+
+def settle(run):  # the background save done (annex/cluster.py), or all end with its error
+    if run.cfg.async_save:
+        on_every_process(run.env, 'the last checkpoint not saved', run.saves.wait, run.env)
 
 
 def finish(run, state, reason=None):
     """The run's end (reason: why it diverged), said, logged, in summary.json; the exit status."""
     cfg, it = run.cfg, state.iter_num
     state.wall_time_s = time.time() - run.t0
+    settle(run)
     if reason:
         log(run, {'event': 'diverged', 'iter': it, 'diverged': True, 'reason': reason})
         if run.env.master:

@@ -1,10 +1,14 @@
 """
 train.py on a cluster: processes started by Slurm's srun (launcher='srun'), FSDP2 sharding
-(fsdp=True; HSDP with fsdp_shard), and sharded checkpoints (ckpt.dcp/: each process writes its part,
-with torch.distributed.checkpoint), which `python annex/cluster.py export OUT_DIR [--which=best]` turns
-into the ckpt.pt (best.pt) that sample.py, analyze.py and annex/eval.py read. An annex: train.py imports
-it only for these (docs/cluster.md).
+(fsdp=True; HSDP with fsdp_shard), sharded checkpoints (ckpt.dcp/: each process writes its part, with
+torch.distributed.checkpoint), checkpoints saved in the background (async_save=True) and kept by step
+(keep_last=k). `python annex/cluster.py export OUT_DIR [--which=best] [--weights_only=True]
+[--dtype=bfloat16]` writes OUT_DIR/export/ckpt-<iter>.pt, a file that sample.py, analyze.py and
+annex/eval.py read. An annex: train.py imports it only for these (docs/cluster.md).
 """
+import contextlib
+import copy
+import io
 import json
 import os
 import re
@@ -12,6 +16,8 @@ import shutil
 import sys
 import warnings
 import zlib
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from types import SimpleNamespace
 
 import torch
@@ -23,17 +29,18 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # as annex/cluster.py
-from checkpoint import CHECKPOINTS, SHARDED, build_model, training_state  # noqa: E402
+from checkpoint import (CHECKPOINTS, SHARDED, build_model, load_checkpoint,  # noqa: E402
+                        load_training_state, save_checkpoint, training_state)
 from configurator import configure  # noqa: E402
 from data.common import atomic_write, write_json  # noqa: E402
-from distributed import any_failed  # noqa: E402
+from distributed import LONG_TIMEOUT, any_failed, set_timeout  # noqa: E402
 from model import rope_angles  # noqa: E402
 
 
 def srun_environment(launcher='srun'):
     """torchrun's variables from those srun gives each task of a job step (SLURM_STEP_NUM_TASKS: the
-    step's, not the allocation's SLURM_NTASKS). The port, unless given, from the job id: two jobs on a
-    node differ."""
+    step's, not the allocation's SLURM_NTASKS). The port, unless given, from the job and step ids: two
+    jobs on a node, or two steps of a job, differ; below Linux's ephemeral ports (32768-60999)."""
     if launcher != 'srun':
         raise SystemExit(f"error: launcher={launcher!r}: use 'srun' or None (torchrun, or one process)")
     missing = [v for v in ('SLURM_PROCID', 'SLURM_LOCALID', 'SLURM_STEP_NUM_TASKS', 'MASTER_ADDR')
@@ -41,7 +48,8 @@ def srun_environment(launcher='srun'):
     if missing:
         raise SystemExit(f"error: launcher='srun', but {', '.join(missing)} is not set: start train.py "
                          'with srun, and export MASTER_ADDR (the first node; docs/cluster.md)')
-    port = 20000 + int(os.environ.get('SLURM_JOB_ID', 9500)) % 20000
+    job, step = (int(os.environ.get(f'SLURM_{v}_ID', 0)) for v in ('JOB', 'STEP'))
+    port = 10000 + (job + 7919 * step) % 20000
     os.environ.update(RANK=os.environ['SLURM_PROCID'], LOCAL_RANK=os.environ['SLURM_LOCALID'],
                       WORLD_SIZE=os.environ['SLURM_STEP_NUM_TASKS'],
                       MASTER_PORT=os.environ.get('MASTER_PORT', str(port)))
@@ -73,7 +81,8 @@ def build_sharded(model_args, cfg, env):
         from torch.distributed.device_mesh import init_device_mesh
         mesh = init_device_mesh(env.device_type, (env.world // cfg.fsdp_shard, cfg.fsdp_shard),
                                 mesh_dim_names=('replicate', 'shard'))
-        env.groups += [mesh.get_group('replicate'), mesh.get_group('shard')]  # for their timeouts
+        env.groups += [mesh.get_group('replicate'), mesh.get_group('shard')]
+        set_timeout(env, LONG_TIMEOUT)  # as the default group's, until the first step
     # opt-in: weights gathered in bf16 (half the traffic), gradients reduced in fp32
     policy = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if cfg.fsdp_bf16 else \
         MixedPrecisionPolicy()
@@ -89,6 +98,8 @@ def build_sharded(model_args, cfg, env):
                                raw.config.rope_theta)
         raw.rope_cos.copy_(cos)
         raw.rope_sin.copy_(sin)
+    if cfg.init_from != 'scratch':  # a checkpoint's weights will fill it
+        return raw
     if env.master:
         torch.manual_seed(cfg.seed)  # the single process's init
     whole = build_model(model_args).state_dict() if env.master else {}
@@ -98,7 +109,88 @@ def build_sharded(model_args, cfg, env):
 
 
 # -------------------------------------------------------------------------------------------------------
-# sharded checkpoints: out_dir/ckpt.dcp/ (and best.dcp/), one folder of per-process files each
+# train.py's saves here: sharded (ckpt.dcp/), in the background, kept by step
+
+def save_run(model, optimizer, fields, cfg, env, best=False):
+    """ckpt.dcp/ (a DDP or FSDP run above shard_checkpoints_above parameters) or rank 0's ckpt.pt,
+    now or in the background (async_save: the state copied off the GPU now, written as training goes
+    on). At most one save in flight: the last one is waited for first, its error raised here."""
+    wait(env)
+    if env.ddp and sum(p.numel() for p in model.parameters()) > cfg.shard_checkpoints_above:
+        writer = ShardWriter(fields, cfg.out_dir, best, cfg.keep_last, env.rank)
+        if env.master:
+            shutil.rmtree(writer.path, ignore_errors=True)
+        dist.barrier()
+        if not cfg.async_save:
+            said_briefly(dcp.save, state_dicts(model, optimizer), storage_writer=writer)
+            return
+        if getattr(env, 'save_group', None) is None:  # its own: the steps' collectives go on
+            env.save_group = dist.new_group(backend='gloo', timeout=timedelta(seconds=LONG_TIMEOUT))
+        env.pending = dcp.async_save(state_dicts(model, optimizer), storage_writer=writer,
+                                     process_group=env.save_group)
+        return
+    state = training_state(model, optimizer, **fields)
+    if not env.master:
+        return
+    if not cfg.async_save:
+        save_whole(state, cfg.out_dir, best, cfg.keep_last)
+        return
+    if env.device_type == 'cpu':  # still the live tensors: copied, as the GPU's are
+        state = copy.deepcopy(state)
+    with ThreadPoolExecutor(1) as pool:  # its thread ends with the write
+        env.pending = pool.submit(save_whole, state, cfg.out_dir, best, cfg.keep_last)
+        pool.shutdown(wait=False)
+
+
+def save_whole(state, out_dir, best, keep_last):
+    save_checkpoint(state, out_dir, best)
+    keep_steps(out_dir, state['iter_num'], keep_last)
+
+
+def wait(env):
+    """The background save done (swapped in), or its error raised; every process calls it."""
+    pending, env.pending = getattr(env, 'pending', None), None
+    if pending is not None:
+        said_briefly(pending.result)
+
+
+def said_briefly(call, *args, **kwargs):  # DCP's errors: a BaseException with every traceback
+    try:
+        return call(*args, **kwargs)
+    except dcp.api.CheckpointException as e:
+        why = '; '.join(f'rank {rank}: {type(error).__name__}: {error}'
+                        for rank, (error, _) in sorted(e.failures.items()))
+        raise RuntimeError(f'torch.distributed.checkpoint failed on {why}') from None
+
+
+def keep_steps(out_dir, it, keep_last):
+    """ckpt-<it>.pt (or .dcp/) beside ckpt.pt: hard links to its files; the last keep_last kept."""
+    if not keep_last:
+        return
+    sharded = os.path.isdir(os.path.join(out_dir, SHARDED['latest']))
+    latest = os.path.join(out_dir, SHARDED['latest'] if sharded else CHECKPOINTS['latest'])
+    path = os.path.join(out_dir, f"ckpt-{it}.{'dcp' if sharded else 'pt'}")
+    if sharded:
+        shutil.rmtree(path + '.tmp', ignore_errors=True)
+        shutil.copytree(latest, path + '.tmp', copy_function=link_or_copy)
+        swap_in(path + '.tmp', path)
+    else:
+        link_or_copy(latest, f'{path}.tmp{os.getpid()}')
+        os.replace(f'{path}.tmp{os.getpid()}', path)
+    steps = sorted((int(m[1]), m[0]) for m in map(STEP.fullmatch, os.listdir(out_dir)) if m)
+    for _, old in steps[:-keep_last]:
+        remove(os.path.join(out_dir, old))
+
+
+def remove(path):  # a file or a folder
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    else:
+        os.remove(path)
+
+
+STEP = re.compile(r'ckpt-(\d+)\.(pt|dcp)')  # keep_steps' names
+
 
 def state_dicts(model, optimizer):
     """Each process's part of the weights and AdamW state (whole tensors without FSDP: DCP writes each
@@ -116,31 +208,70 @@ def crc32(path, chunk=1 << 20):
     return value
 
 
-def save_sharded(model, optimizer, fields, out_dir, best, env):
-    """ckpt.dcp/: every process writes its part, rank 0 the other fields (state.pt) and every file's
-    CRC-32 (checksums.json). Written as ckpt.dcp.tmp/, then swapped in; best: best.dcp/ too, hard links
-    to the same files."""
-    final = os.path.join(out_dir, SHARDED['latest'])
-    tmp = final + '.tmp'
-    if env.master:
-        shutil.rmtree(tmp, ignore_errors=True)
-    dist.barrier()
-    dcp.save(state_dicts(model, optimizer), checkpoint_id=tmp)
-    mine = {name: crc32(os.path.join(tmp, name)) for name in os.listdir(tmp)
-            if name.startswith(f'__{env.rank}_')}  # DCP's names: __<rank>_<n>.distcp
-    checksums = [None] * env.world
-    dist.all_gather_object(checksums, mine)
-    if env.master:
-        torch.save(fields, os.path.join(tmp, 'state.pt'))
-        sums = {k: v for part in checksums for k, v in part.items()}
-        sums.update({name: crc32(os.path.join(tmp, name)) for name in ('.metadata', 'state.pt')})
-        write_json(os.path.join(tmp, 'checksums.json'), sums)
-        swap_in(tmp, final)
-        if best:
-            links = os.path.join(out_dir, SHARDED['best']) + '.tmp'
+class Crc32File:  # a file that keeps the CRC-32 of what is written to it, as it is written
+    def __init__(self, file):
+        self.file, self.crc = file, 0
+
+    def write(self, data):
+        self.crc = zlib.crc32(data, self.crc)
+        return self.file.write(data)
+
+    def __getattr__(self, name):  # tell, flush, fileno, close
+        return getattr(self.file, name)
+
+
+class CrcFileSystem(dcp.filesystem.FileSystem):  # DCP's file access, each file's CRC-32 kept
+    def __init__(self):
+        super().__init__()
+        self.crcs = {}
+
+    @contextlib.contextmanager
+    def create_stream(self, path, mode):
+        with super().create_stream(path, mode) as stream:
+            counted = Crc32File(stream)
+            yield counted
+        self.crcs[os.path.basename(path)] = counted.crc
+
+
+class ShardWriter(dcp.FileSystemWriter):
+    """DCP's writer into ckpt.dcp.tmp/, each file's CRC-32 computed as it is written (no reading
+    back). Once every process has written its part, the coordinator (rank 0) adds state.pt (the other
+    fields) and checksums.json and swaps the folder in as ckpt.dcp/ (best.dcp/ links to it), in
+    DCP's last step: an error anywhere reaches every process there, saved now or in the background."""
+    def __init__(self, fields, out_dir, best, keep_last, rank):
+        super().__init__(os.path.join(out_dir, SHARDED['latest']) + '.tmp')
+        self.fs = CrcFileSystem()
+        self.out_dir, self.best, self.keep_last, self.rank = out_dir, best, keep_last, rank
+        self.iter_num, buffer = fields['iter_num'], io.BytesIO()
+        torch.save(fields, buffer)  # now: the loop goes on changing what they hold
+        self.fields = buffer.getvalue()
+
+    def write_data(self, plan, planner):
+        written = super().write_data(plan, planner)  # done when it returns
+        write_json(os.path.join(self.path, f'__{self.rank}.crc32.json'), self.fs.crcs)
+        return written
+
+    def finish(self, metadata, results):  # on the coordinator, when every process has written
+        super().finish(metadata, results)
+        sums = {'.metadata': self.fs.crcs['.metadata.tmp'], 'state.pt': zlib.crc32(self.fields)}
+        for name in os.listdir(self.path):
+            if name.endswith('.crc32.json'):
+                with open(os.path.join(self.path, name)) as f:
+                    sums.update(json.load(f))
+                os.remove(os.path.join(self.path, name))
+        atomic_write(os.path.join(self.path, 'state.pt'), lambda f: f.write(self.fields))
+        write_json(os.path.join(self.path, 'checksums.json'), sums)
+        final = os.path.join(self.out_dir, SHARDED['latest'])
+        swap_in(str(self.path), final)
+        for kind in ('latest', 'best') if self.best else ('latest',):  # the older single file
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(self.out_dir, CHECKPOINTS[kind]))
+        if self.best:
+            links = os.path.join(self.out_dir, SHARDED['best']) + '.tmp'
             shutil.rmtree(links, ignore_errors=True)
             shutil.copytree(final, links, copy_function=link_or_copy)
-            swap_in(links, os.path.join(out_dir, SHARDED['best']))
+            swap_in(links, os.path.join(self.out_dir, SHARDED['best']))
+        keep_steps(self.out_dir, self.iter_num, self.keep_last)
 
 
 def link_or_copy(src, dst):  # the same bytes, no copy; a copy where links are not supported
@@ -151,89 +282,165 @@ def link_or_copy(src, dst):  # the same bytes, no copy; a copy where links are n
 
 
 def swap_in(tmp, final):
-    """Folder tmp renamed to final, the old final removed; a crash in between leaves final.old, which
-    clear_stale puts back."""
+    """Folder tmp renamed to final, the old final removed, the renames made durable; a crash in
+    between leaves final.old, which clear_stale puts back."""
     if os.path.exists(final):
         os.replace(final, final + '.old')
     os.replace(tmp, final)
+    fd = os.open(os.path.dirname(os.path.abspath(final)), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     shutil.rmtree(final + '.old', ignore_errors=True)
 
 
 def clear_stale(out_dir):
-    """What an interrupted sharded save left removed (*.dcp.tmp/); a folder caught between swap_in's
-    two renames (only *.dcp.old/ there) put back."""
-    for name in os.listdir(out_dir):
+    """What an interrupted save left: *.dcp.tmp/ removed; a folder caught between swap_in's two renames
+    (only *.dcp.old/ there) put back; of ckpt.pt and ckpt.dcp/ (best.pt, best.dcp/) both there, a save
+    cut short before it removed the other, the older removed."""
+    for name in sorted(os.listdir(out_dir)):
         path = os.path.join(out_dir, name)
-        if re.fullmatch(r'(ckpt|best)\.dcp\.tmp', name):
+        if re.fullmatch(r'(ckpt|best)(-\d+)?\.dcp\.tmp', name):
             print(f'removing {path}: left by an interrupted save')
             shutil.rmtree(path)
-        elif re.fullmatch(r'(ckpt|best)\.dcp\.old', name):
+        elif re.fullmatch(r'(ckpt|best)(-\d+)?\.dcp\.old', name):
             if os.path.exists(path[:-4]):  # the new one is whole
                 shutil.rmtree(path)
             else:
                 os.replace(path, path[:-4])
+    for kind in SHARDED:
+        folder, single = os.path.join(out_dir, SHARDED[kind]), os.path.join(out_dir, CHECKPOINTS[kind])
+        if os.path.isdir(folder) and os.path.isfile(single):
+            older = folder if saved_later(single, folder) else single
+            print(f'removing {older}: the older of {CHECKPOINTS[kind]} and {SHARDED[kind]}/')
+            remove(older)
+
+
+def saved_later(single, folder):  # ckpt.pt saved after ckpt.dcp/ (its state.pt, written last)
+    state = os.path.join(folder, 'state.pt')
+    return not os.path.exists(state) or os.path.getmtime(single) > os.path.getmtime(state)
+
+
+def current_file(out_dir, which='latest'):
+    """The file a reader takes from a run saved in shards: its newest export, said how old (ckpt.pt
+    where it was saved after the shards)."""
+    folder, single = os.path.join(out_dir, SHARDED[which]), os.path.join(out_dir, CHECKPOINTS[which])
+    if os.path.isfile(single) and saved_later(single, folder):
+        return single
+    stem = CHECKPOINTS[which].split('.')[0]
+    exports = [(int(m[1]), m[0]) for m in map(re.compile(rf'{stem}-(\d+)\.pt').fullmatch,
+                                              os.listdir(os.path.join(out_dir, 'export'))
+                                              if os.path.isdir(os.path.join(out_dir, 'export')) else [])
+               if m]
+    if not exports:
+        raise FileNotFoundError(f'{folder} is in shards: export it first: python annex/cluster.py '
+                                f'export {out_dir} --which={which}')
+    at, name = max(exports)
+    now = read_fields(folder)['iter_num']
+    again = f'; export again for iter {now}' if now > at else ''
+    print(f'reading {out_dir}/export/{name} (iter {at}), exported from {folder} (iter {now}){again}')
+    return os.path.join(out_dir, 'export', name)
+
+
+def read_checksums(folder):
+    try:
+        with open(os.path.join(folder, 'checksums.json')) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f'{folder} is not a complete sharded checkpoint ({type(e).__name__}: {e}): '
+                         'copy it again, or resume from another checkpoint') from None
 
 
 def read_fields(folder):
     """A sharded checkpoint's fields other than weights and optimizer state (model_args, config, the loop
-    state...); 'sharded': its folder."""
+    state...), their CRC-32 checked before they are unpickled; 'sharded': its folder."""
     path = os.path.join(folder, 'state.pt')
     if not os.path.isfile(path):
         raise ValueError(f'{folder} is not a complete sharded checkpoint (no state.pt): an interrupted '
                          'save? Remove it to resume from ckpt.pt, or start a new run')
+    if crc32(path) != read_checksums(folder).get('state.pt'):
+        raise ValueError(f'{path} fails its CRC-32 check (torn, or changed on disk or in a copy): '
+                         'copy it again, or resume from another checkpoint')
     return dict(torch.load(path, weights_only=True), sharded=folder)
 
 
 def damaged(folder, rank=0, world=1):
     """The files of a sharded checkpoint (this process's share of them) that fail their CRC-32."""
-    with open(os.path.join(folder, 'checksums.json')) as f:
-        sums = sorted(json.load(f).items())
+    sums = sorted(read_checksums(folder).items())
     return [name for name, crc in sums[rank::world] if crc32(os.path.join(folder, name)) != crc]
 
 
 def load_sharded(model, optimizer, folder, env):
-    """Weights and AdamW state of a sharded checkpoint, each process reading its part (any process
-    count); its files' CRC-32s checked first, shared out over the processes."""
+    """Weights and AdamW state of a sharded checkpoint (any process count), its files' CRC-32s checked
+    first, shared out over the processes. FSDP: each process reads its part; DDP: rank 0 reads it all
+    once, and broadcasts it (not every process the whole checkpoint)."""
     bad = damaged(folder, env.rank, env.world)
     if any_failed(env, bad):
         raise SystemExit(f"error: {folder} is damaged: {', '.join(bad) or 'see the other processes'} "
                          'fail their CRC-32 check. Copy it again, or resume from another checkpoint')
+    if not (env.ddp and not env.fsdp):
+        read_shards(model, optimizer, folder, no_dist=not env.ddp)
+        return
+    full = StateDictOptions(full_state_dict=True)
+    whole = {'model': {}, 'optimizer': {}}
+    if env.master:
+        read_shards(model, optimizer, folder, no_dist=True)
+        whole = {'model': get_model_state_dict(model, options=full),
+                 'optimizer': get_optimizer_state_dict(model, optimizer, options=full)}
+    load_training_state(model, optimizer, whole, env)
+
+
+def read_shards(model, optimizer, folder, no_dist):
     state = state_dicts(model, optimizer)  # AdamW's state made (a zero step at lr 0) for DCP to fill
-    dcp.load(state, checkpoint_id=folder)
+    with warnings.catch_warnings():  # that one process reads it all is the point with no_dist
+        warnings.filterwarnings('ignore', 'torch.distributed is disabled')
+        dcp.load(state, checkpoint_id=folder, no_dist=no_dist)
     set_model_state_dict(model, state['model'], options=StateDictOptions(strict=False))  # lm_head: tied
     set_optimizer_state_dict(model, optimizer, state['optimizer'])
 
 
-def export(out_dir, which='latest'):
-    """ckpt.pt (or best.pt) from ckpt.dcp/ (best.dcp/), in one process: what a single-file run writes."""
-    if which not in SHARDED:
-        raise SystemExit(f"error: --which={which!r}: use 'latest' (ckpt.dcp) or 'best' (best.dcp)")
+def export(out_dir, which='latest', weights_only=False, dtype='float32'):
+    """out_dir/export/ckpt-<iter>.pt (best-<iter>.pt) from the run's latest (best) checkpoint, sharded
+    or not, in one process: a training state as a single-file run writes, or its weights only (dtype:
+    float32 or bfloat16), which train.py does not resume but every reader reads."""
+    if which not in SHARDED or dtype not in ('float32', 'bfloat16'):
+        raise SystemExit(f"error: --which={which!r} --dtype={dtype!r}: use which 'latest' or 'best', "
+                         "dtype 'float32' or 'bfloat16'")
     folder = os.path.join(out_dir, SHARDED[which])
-    if not os.path.isdir(folder):
-        raise SystemExit(f'error: no sharded checkpoint at {folder}')
-    fields = read_fields(folder)
-    del fields['sharded']
-    model = build_model(fields['model_args'])
-    cfg = fields['config']
-    optimizer = model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'],
-                                           (cfg['beta1'], cfg['beta2']), 'cpu')
-    with warnings.catch_warnings():  # that one process reads it all is the point here
-        warnings.filterwarnings('ignore', 'torch.distributed is disabled')
+    if os.path.isdir(folder):
+        fields = read_fields(folder)
+        del fields['sharded']
+        model = build_model(fields['model_args'])
+        cfg = fields['config']
+        optimizer = model.configure_optimizers(cfg['weight_decay'], cfg['learning_rate'],
+                                               (cfg['beta1'], cfg['beta2']), 'cpu')
         load_sharded(model, optimizer, folder, SimpleNamespace(rank=0, world=1, ddp=False, device='cpu'))
-    path = os.path.join(out_dir, CHECKPOINTS[which])
-    state = training_state(model, optimizer, **fields)
+        state = training_state(model, optimizer, **fields)
+    else:
+        try:
+            state = load_checkpoint(os.path.join(out_dir, CHECKPOINTS[which]), which=which)[1]
+        except (FileNotFoundError, ValueError) as e:
+            raise SystemExit(f'error: {e}') from None
+    if weights_only:
+        state.pop('optimizer', None)
+        state['model'] = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v
+                          for k, v in state['model'].items()}
+    os.makedirs(os.path.join(out_dir, 'export'), exist_ok=True)
+    path = os.path.join(out_dir, 'export', f"{which.replace('latest', 'ckpt')}-{state['iter_num']}.pt")
     atomic_write(path, lambda f: torch.save(state, f))
     return path
 
 
 if __name__ == '__main__':
     args = sys.argv[1:]
-    usage = ('usage: python annex/cluster.py export OUT_DIR [--which=best]: a sharded checkpoint '
-             '(OUT_DIR/ckpt.dcp, or best.dcp) as a ckpt.pt (best.pt)')
+    usage = ('usage: python annex/cluster.py export OUT_DIR [--which=best] [--weights_only=True] '
+             '[--dtype=bfloat16]: the latest (best) checkpoint, sharded or not, as one file in '
+             'OUT_DIR/export/ckpt-<iter>.pt (best-<iter>.pt)')
     if '--help' in args or '-h' in args:
         print(usage)
         raise SystemExit(0)
     if len(args) < 2 or args[0] != 'export':
         raise SystemExit(usage)
-    opts = configure({'which': 'latest'}, args[2:])
-    print(f'wrote {export(args[1], opts["which"])}')
+    opts = configure({'which': 'latest', 'weights_only': False, 'dtype': 'float32'}, args[2:])
+    print(f'wrote {export(args[1], **opts)}')

@@ -496,8 +496,11 @@ def test_no_checkpoint_at_step_0_and_stale_temporary_files_removed(data_dir, tmp
     assert sorted(os.listdir(out)) == ['best.pt', 'ckpt.pt', 'config.json', 'log.jsonl', 'notes.txt',
                                        'summary.json']
     (out / 'ckpt.dcp.old').mkdir()  # a crash between swap_in's two renames: no ckpt.dcp
+    (out / 'ckpt.dcp.old' / 'state.pt').write_bytes(b'')  # its last file, saved after ckpt.pt
+    os.utime(out / 'ckpt.pt', (1, 1))
     clear_stale(str(out))
     assert (out / 'ckpt.dcp').is_dir() and not (out / 'ckpt.dcp.old').exists()
+    assert not (out / 'ckpt.pt').exists()  # of the two, the older: the run's latest is the shards
 
 
 def test_a_checkpoint_with_one_flipped_byte_is_refused(data_dir, tmp_path):
@@ -533,3 +536,40 @@ def test_mfu_counts_the_samples_a_process_runs(data_dir, tmp_path, monkeypatch):
     for r in records(tmp_path / 'mfu', 'step')[1:]:  # the first step is not timed
         flops = (6 * n_params + 12 * L * C * T) * T * 2  # PaLM's per token, x tokens of 2 sequences
         assert r['mfu'] == pytest.approx(flops / (r['ms_per_iter'] / 1000) / peak, rel=1e-6)
+
+
+def test_init_from_a_path_takes_its_weights_only(data_dir, tmp_path):
+    """init_from=PATH: another run's weights (a run folder or its file), the optimizer and the loop fresh;
+    shapes that do not fit name the tensor; a path that is not there says what init_from takes."""
+    source, tuned = str(tmp_path / 'source'), str(tmp_path / 'tuned')
+    run(data_dir, source, '--max_iters=4', '--eval_interval=2')
+    assert run(data_dir, tuned, '--max_iters=0', f'--init_from={source}') == 0  # saved at iter 0
+    a = torch.load(os.path.join(source, 'ckpt.pt'), weights_only=True)
+    b = torch.load(os.path.join(tuned, 'ckpt.pt'), weights_only=True)
+    assert a['model'].keys() == b['model'].keys()
+    assert all(torch.equal(a['model'][k], b['model'][k]) for k in a['model'])
+    moments = b['optimizer']['state'].values()  # AdamW's fresh: zero moments, as made to be saved
+    assert all(not m['exp_avg'].any() and not m['exp_avg_sq'].any() for m in moments)
+    assert all(m['step'] == 4 for m in a['optimizer']['state'].values())
+    assert (b['iter_num'], b['best_iter'], records(tuned, 'eval')[0]['val_loss']) == (
+        0, 0, pytest.approx(records(source, 'eval')[-1]['val_loss'], abs=1e-6))
+    with pytest.raises(SystemExit, match=r"do not fit this run's model.*size mismatch for "
+                                         r"transformer\.wte\.weight"):
+        run(data_dir, tmp_path / 'wide', '--n_embd=64', f"--init_from={source}/ckpt.pt")
+    with pytest.raises(SystemExit, match="init_from='nowhere': use 'scratch', 'resume', 'auto' or"):
+        run(data_dir, tmp_path / 'none', '--init_from=nowhere')
+
+
+def test_deterministic_runs_repeat_bitwise(data_dir, tmp_path):
+    """deterministic=True: PyTorch's deterministic algorithms (and cuBLAS's workspace on a GPU); two runs
+    with dropout give the same bytes."""
+    outs = [str(tmp_path / name) for name in ('a', 'b')]
+    try:
+        for out in outs:
+            run(data_dir, out, '--max_iters=3', '--eval_interval=3', '--dropout=0.1',
+                '--deterministic=True')
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    a, b = (torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)['model'] for out in outs)
+    assert all(torch.equal(a[k], b[k]) for k in a)

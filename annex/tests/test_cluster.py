@@ -67,8 +67,7 @@ MODES = {  # processes, micro-batches per step, options
 
 
 def exported(out_dir):  # the sharded checkpoint as one file: (weights, AdamW state)
-    cluster.export(out_dir)
-    ckpt = torch.load(os.path.join(out_dir, 'ckpt.pt'), weights_only=True)
+    ckpt = torch.load(cluster.export(out_dir), weights_only=True)
     return ckpt['model'], ckpt['optimizer']['state']
 
 
@@ -77,13 +76,16 @@ def test_sharded_runs_match_one_process_and_resume_exactly(data_dir, tmp_path, m
     """24 sequences per step (6 micro-batches of 4 for one process; 3 of 4 per process on 2; 2 of 3 on 4,
     so HSDP all-reduces once after two): the single process's losses and weights (1e-5). Each run saves
     shards (ckpt.dcp/); stopped by a signal to one process after step 3 and resumed from them with the same
-    command, a run ends bitwise where an uninterrupted one does, weights and AdamW state."""
+    command, a run ends bitwise where an uninterrupted one does, weights and AdamW state. Saves are
+    asynchronous (async_save=True): written in the background as the steps go on."""
     nproc, micro, options = MODES[mode]
     args = ['--dataset=tiny', f'--data_dir={data_dir}', *TINY, '--gradient_accumulation_steps=6',
             '--max_iters=6', '--eval_interval=3', '--norm=dyt', '--dyt_alpha=2.0', '--embed_scale=True',
-            '--shard_checkpoints_above=0', *options]  # embed_scale: FSDP2 cannot shard a 0-dim parameter
+            '--shard_checkpoints_above=0', '--async_save=True',
+            *options]  # embed_scale: FSDP2 cannot shard a 0-dim parameter
     one, whole, part = (str(tmp_path / name) for name in ('one', 'whole', 'part'))
     train.main(args[:len(args) - len(options)] + ['--shard_checkpoints_above=1e9', f'--out_dir={one}'])
+    assert all(r['background'] for r in records(one, 'saved'))
     (tmp_path / 'stop_at.py').write_text(STOP_AT.format(it=3, rank=1, sig='SIGUSR1'))
     runs = [('train.py', whole, 0), (str(tmp_path / 'stop_at.py'), part, 1), ('train.py', part, 0)]
     for script, out, status in runs:
@@ -135,7 +137,7 @@ def test_fsdp_compiled_matches_one_process_and_its_shards_export(data_dir, tmp_p
         load_checkpoint(out, which='best')
     with pytest.raises(FileNotFoundError, match=r'export .* --which=best$'):  # sample.py's, analyze's
         load_checkpoint(os.path.join(out, 'best.pt'))
-    assert cluster.export(out, 'best') == os.path.join(out, 'best.pt')
+    assert cluster.export(out, 'best') == os.path.join(out, 'export', 'best-4.pt')
     weights, _ = exported(out)
     w1 = torch.load(os.path.join(one, 'ckpt.pt'), weights_only=True)['model']
     assert w1.keys() == weights.keys() and all(torch.allclose(w1[k], weights[k], atol=1e-5) for k in w1)
@@ -147,6 +149,7 @@ def test_fsdp_compiled_matches_one_process_and_its_shards_export(data_dir, tmp_p
     assert math.isfinite(result['tasks']['val']['ppl'])
     # resumed from the exported file in one process: the shards' weights
     shutil.rmtree(os.path.join(out, 'ckpt.dcp'))
+    shutil.copy(os.path.join(out, 'export', 'ckpt-4.pt'), os.path.join(out, 'ckpt.pt'))
     assert train.main(args + [f'--out_dir={out}', '--max_iters=5', '--init_from=resume']) == 0
     shard = os.path.join(copy, 'ckpt.dcp', '__1_0.distcp')
     data = bytearray(open(shard, 'rb').read())
@@ -204,7 +207,7 @@ def test_an_allocation_s_variables_alone_start_one_process(data_dir, tmp_path, m
         train.main(args + [f'--out_dir={tmp_path / "srun"}', '--launcher=srun'])
     os.environ['SLURM_STEP_NUM_TASKS'] = '16'
     cluster.srun_environment()
-    assert (os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['MASTER_PORT']) == ('3', '16', '24321')
+    assert (os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['MASTER_PORT']) == ('3', '16', '14321')
     with pytest.raises(SystemExit, match="launcher='torchrun': use 'srun' or None"):
         train.main(args + [f'--out_dir={tmp_path / "bad"}', '--launcher=torchrun'])
 
@@ -245,7 +248,7 @@ from types import SimpleNamespace
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-from annex.cluster import build_sharded, save_sharded
+from annex.cluster import build_sharded, save_run
 from checkpoint import save_checkpoint, training_state
 
 
@@ -266,7 +269,9 @@ rank, world = dist.get_rank(), dist.get_world_size()
 env = SimpleNamespace(device='cpu', device_type='cpu', world=world, rank=rank, master=rank == 0,
                       groups=[None], ddp=True)
 args = dict(block_size=64, vocab_size=4096, n_layer=4, n_head=4, n_embd=384, bias=False)
-raw = build_sharded(args, SimpleNamespace(seed=0, compile=False, fsdp_shard=0, fsdp_bf16=False), env)
+cfg = SimpleNamespace(seed=0, compile=False, fsdp_shard=0, fsdp_bf16=False, init_from='scratch',
+                      out_dir=sys.argv[1], shard_checkpoints_above=0, async_save=False, keep_last=0)
+raw = build_sharded(args, cfg, env)
 optimizer = raw.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu')
 get_optimizer_state_dict(raw, optimizer)  # AdamW's moments made, as after a step
 
@@ -277,7 +282,7 @@ def whole_file():  # as train.py saves a small run: gathered to rank 0, one file
         save_checkpoint(state, sys.argv[1])
 
 
-sharded = added_peak(lambda: save_sharded(raw, optimizer, dict(model_args=args), sys.argv[1], False, env))
+sharded = added_peak(lambda: save_run(raw, optimizer, dict(model_args=args, iter_num=0), cfg, env))
 whole = added_peak(whole_file)
 if rank == 0:
     state_bytes = 12 * sum(p.numel() for p in raw.parameters())
@@ -313,6 +318,7 @@ def test_fsdp_shard_must_divide_the_processes(tmp_path):
 SHARDED = """
 import gc
 import sys
+from datetime import timedelta
 from types import SimpleNamespace
 
 import torch
@@ -321,16 +327,20 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from annex.cluster import build_sharded
 
-dist.init_process_group('gloo')
+dist.init_process_group('gloo', timeout=timedelta(seconds=60))  # the mesh's groups would inherit it
 rank, world = dist.get_rank(), dist.get_world_size()
 for case, (model_args, fsdp_shard) in enumerate({cases!r}):
     torch.manual_seed(1000 + rank)  # no generator may matter but the one build_sharded seeds on rank 0
-    cfg = SimpleNamespace(seed=21, compile=False, fsdp_shard=fsdp_shard, fsdp_bf16=False)
-    env = SimpleNamespace(device='cpu', device_type='cpu', world=world, master=rank == 0, groups=[None])
+    cfg = SimpleNamespace(seed=21, compile=False, fsdp_shard=fsdp_shard, fsdp_bf16=False,
+                          init_from='scratch')
+    env = SimpleNamespace(device='cpu', device_type='cpu', world=world, master=rank == 0, groups=[None],
+                          ddp=True)
     raw = build_sharded(model_args, cfg, env)
     weights = get_model_state_dict(raw, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     tied = not hasattr(raw, 'lm_head') or raw.lm_head.weight is raw.transformer.wte.weight
-    torch.save(dict(weights=weights, buffers=dict(raw.named_buffers()), tied=tied,
+    timeouts = [g._get_backend(torch.device('cpu')).options._timeout.total_seconds()
+                for g in env.groups[1:]]  # HSDP's mesh: the long timeout until the first step
+    torch.save(dict(weights=weights, buffers=dict(raw.named_buffers()), tied=tied, timeouts=timeouts,
                     params=[n for n, _ in raw.named_parameters()]), f'{{sys.argv[1]}}{{case}}_{{rank}}')
     del raw, weights
 gc.collect()  # the sharded model freed before its process group: else gloo can abort at exit (1 run in 3)
@@ -344,18 +354,19 @@ VIT_ARGS = dict(n_layer=2, n_head=2, n_embd=32, image_size=8, patch_size=4, bias
 def test_sharded_model_has_the_single_process_weights(tmp_path):
     """build_sharded builds on the meta device and shards (a GPT; HSDP's 2-D mesh with fsdp_shard=1; a
     ViT); gathered whole, its weights, and each process's buffers (RoPE's tables), are those of the model
-    a single process builds from the same seed."""
+    a single process builds from the same seed. HSDP's groups wait an hour until the first step."""
     cases = [(GPT_ARGS, 0), (GPT_ARGS, 1), (VIT_ARGS, 0)]
     (tmp_path / 'sharded.py').write_text(SHARDED.format(cases=cases))
     proc = torchrun(2, str(tmp_path / 'sharded.py'), str(tmp_path / 'case'))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for case, (model_args, _) in enumerate(cases):
+    for case, (model_args, fsdp_shard) in enumerate(cases):
         torch.manual_seed(21)
         whole = build_model(model_args)
         want = whole.state_dict()
         for rank in (0, 1):
             got = torch.load(tmp_path / f'case{case}_{rank}', weights_only=True)
             assert got['tied'] and got['params'] == [n for n, _ in whole.named_parameters()]
+            assert got['timeouts'] == ([3600.0, 3600.0] if fsdp_shard else [])  # not the group's 60
             assert got['buffers'].keys() == dict(whole.named_buffers()).keys()
             for name, buf in whole.named_buffers():
                 assert torch.equal(got['buffers'][name], buf), (case, name)
@@ -382,3 +393,232 @@ def test_fsdp_bf16_gathers_track_fp32(data_dir, tmp_path):
     assert len(a) == len(b) == 4 and a == pytest.approx(b, abs=5e-2) and a != pytest.approx(b, abs=1e-6)
     weights = torch.load(os.path.join(mixed, 'ckpt.pt'), weights_only=True)['model']
     assert all(w.dtype == torch.float32 for w in weights.values())
+
+
+# ------------------------------------------------------------------------------------------------------
+# saves that never lose work: one latest checkpoint, kept steps, background saves, kills, failures
+
+def test_the_format_saved_last_is_the_run_s_latest(data_dir, tmp_path, capsys):
+    """Sharded on 2 processes to iter 4, exported, sharded on to 6: a reader of the run reads the export
+    and says it is older. One process goes on to 8 from the shards and writes ckpt.pt, which removes
+    ckpt.dcp/, so the next start resumes at 8, not 6. A torn state.pt is refused before it is read."""
+    out = str(tmp_path / 'run')
+    args = ['--dataset=tiny', f'--data_dir={data_dir}', *TINY, '--eval_interval=2', f'--out_dir={out}',
+            '--init_from=auto']
+    for steps in (4, 6):
+        proc = torchrun(2, 'train.py', *args, f'--max_iters={steps}', '--shard_checkpoints_above=0')
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        if steps == 4:
+            assert cluster.export(out) == os.path.join(out, 'export', 'ckpt-4.pt')
+    shutil.copytree(os.path.join(out, 'ckpt.dcp'), tmp_path / 'torn.dcp')
+    capsys.readouterr()
+    _, ckpt = load_checkpoint(out)
+    assert ckpt['iter_num'] == 4
+    assert (f'reading {out}/export/ckpt-4.pt (iter 4), exported from {out}/ckpt.dcp (iter 6); export '
+            'again for iter 6') in capsys.readouterr().out
+    assert train.main(args + ['--max_iters=8']) == 0
+    assert 'resuming at iter 6' in capsys.readouterr().out
+    assert sorted(n for n in os.listdir(out) if n.startswith(('ckpt', 'best'))) == ['best.pt', 'ckpt.pt']
+    assert train.main(args + ['--max_iters=10']) == 0
+    assert 'resuming at iter 8' in capsys.readouterr().out
+    state = tmp_path / 'torn.dcp' / 'state.pt'
+    state.write_bytes(state.read_bytes()[:100])
+    with pytest.raises(ValueError, match='torn.dcp/state.pt fails its CRC-32 check'):
+        cluster.read_fields(str(tmp_path / 'torn.dcp'))
+
+
+def test_kept_and_background_saves_write_what_a_synchronous_run_does(data_dir, tmp_path):
+    """keep_last=2 keeps exactly the last two steps' checkpoints (hard links to what ckpt.pt was);
+    async_save=True writes in a thread the bytes the synchronous run writes, its wait logged."""
+    args = ['--max_iters=8', '--eval_interval=2', '--dropout=0.1']
+    base = ['--dataset=tiny', f'--data_dir={data_dir}', *TINY, *args]
+    for name, extra in (('sync', []), ('async', ['--async_save=True', '--keep_last=2'])):
+        assert train.main(base + [f'--out_dir={tmp_path / name}', *extra]) == 0
+    run = tmp_path / 'async'
+    assert sorted(n for n in os.listdir(run) if n.startswith('ckpt')) == ['ckpt-6.pt', 'ckpt-8.pt',
+                                                                          'ckpt.pt']
+    assert os.stat(run / 'ckpt-8.pt').st_ino == os.stat(run / 'ckpt.pt').st_ino
+    assert torch.load(run / 'ckpt-6.pt', weights_only=True)['iter_num'] == 6
+    a, b = (torch.load(tmp_path / name / 'ckpt.pt', weights_only=True) for name in ('sync', 'async'))
+    assert all(torch.equal(a['model'][k], b['model'][k]) for k in a['model'])
+    saved = records(run, 'saved')
+    assert [r['iter'] for r in saved] == [2, 4, 6, 8] and all(r['background'] for r in saved)
+    assert all(0 <= r['seconds'] < 60 for r in saved)
+
+
+KILL_AT = """
+import os, signal, sys
+import torch
+import annex.cluster as cluster
+import checkpoint
+import train
+
+phase, calls = sys.argv.pop(1), []
+
+
+def kill(*args, **kwargs):  # at the second save (iter 4): the first (iter 2) is on disk
+    calls.append(1)
+    if len(calls) == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+if phase == 'copying':  # the state copied off the model, in the loop's thread
+    from types import SimpleNamespace
+    real_copy = cluster.copy.deepcopy  # the module's own, not what torch uses
+    cluster.copy = SimpleNamespace(deepcopy=lambda state: kill() or real_copy(state))
+elif phase == 'writing':  # half the file written, in the save's thread
+    real_save = torch.save
+    def half_save(state, f, *a, **k):
+        if hasattr(f, 'write') and len(calls) == 1:
+            f.write(b'PK\\x03\\x04' + bytes(1000))
+        kill()
+        real_save(state, f, *a, **k)
+    checkpoint.torch.save = half_save
+else:  # swapping: the file whole, before its rename
+    real_replace = os.replace
+    def replace(src, dst):
+        if dst.endswith('ckpt.pt'):
+            kill()
+        real_replace(src, dst)
+    checkpoint.os.replace = replace
+    import data.common
+    data.common.os.replace = replace
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize('phase', ['copying', 'writing', 'swapping'])
+def test_a_kill_during_a_background_save_keeps_the_previous_one(data_dir, tmp_path, phase):
+    """kill -9 at each phase of an asynchronous save: the previous checkpoint loads, and the next start
+    clears what the kill left and resumes from it."""
+    (tmp_path / 'kill_at.py').write_text(KILL_AT)
+    out = str(tmp_path / 'run')
+    args = ['--dataset=tiny', f'--data_dir={data_dir}', *TINY, '--max_iters=6', '--eval_interval=2',
+            f'--out_dir={out}', '--async_save=True', '--init_from=auto']
+    proc = subprocess.run([sys.executable, str(tmp_path / 'kill_at.py'), phase, *args], cwd=REPO,
+                          env=ENV, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stdout[-2000:] + proc.stderr[-2000:]
+    _, ckpt = load_checkpoint(out)
+    assert ckpt['iter_num'] == 2
+    left = [n for n in os.listdir(out) if '.tmp' in n]
+    assert left or phase == 'copying'
+    proc = subprocess.run([sys.executable, 'train.py', *args], cwd=REPO, env=ENV, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert 'resuming at iter 2' in proc.stdout
+    assert all(f'removing {out}/{name}: left by an interrupted save' in proc.stdout for name in left)
+    assert not [n for n in os.listdir(out) if '.tmp' in n]
+    assert load_checkpoint(out)[1]['iter_num'] == 6
+
+
+SHARD_FAILS = """
+import sys
+
+import annex.cluster as cluster
+import train
+real_write = cluster.ShardWriter.write_data
+
+
+def write_data(self, plan, planner):  # rank 1's disk fills once its shard is written
+    written = real_write(self, plan, planner)
+    if self.rank == 1:
+        raise OSError(28, 'No space left on device')
+    return written
+
+
+cluster.ShardWriter.write_data = write_data
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize('background', [False, True])
+def test_a_rank_failing_after_its_shard_write_ends_every_process(data_dir, tmp_path, background):
+    """A sharded save (now or in the background) that fails on rank 1 after its write: DCP's last step
+    carries the error to both processes, which exit with status 1 within seconds; the shards are not
+    swapped in."""
+    (tmp_path / 'fails.py').write_text(SHARD_FAILS)
+    out = tmp_path / 'out'
+    args = ['--dataset=tiny', f'--data_dir={data_dir}', *TINY, '--max_iters=4', '--eval_interval=2',
+            f'--out_dir={out}', '--launcher=srun', '--shard_checkpoints_above=0',
+            f'--async_save={background}']
+    status, outputs, seconds = srun(str(tmp_path / 'fails.py'), args, free_port())
+    assert status == [1, 1], outputs
+    assert all('not saved (RuntimeError: torch.distributed.checkpoint failed on rank 1: OSError: '
+               '[Errno 28] No space left on device)' in o for o in outputs), outputs
+    assert seconds < 40
+    assert not (out / 'ckpt.dcp').exists()
+
+
+def test_ddp_gets_the_one_gpu_a_slurm_task_sees(data_dir, tmp_path, monkeypatch):
+    """srun with one GPU per task: rank 3 sees one device, cuda:0; setup puts it there and DDP wraps
+    the model on it (no device_ids of another ordinal). CUDA mocked: none here."""
+    monkeypatch.setattr(os, 'environ', dict(os.environ, RANK='3', LOCAL_RANK='3', WORLD_SIZE='4'))
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 1)
+    chosen, wrapped, moved = [], [], []
+    monkeypatch.setattr(torch.cuda, 'set_device', chosen.append)
+    monkeypatch.setattr(train.dist, 'init_process_group', lambda **kw: None)
+    monkeypatch.setattr(torch.nn.Module, 'to', lambda self, device: moved.append(device) or self)
+    monkeypatch.setattr(torch.nn.parallel, 'DistributedDataParallel',
+                        lambda module, **kw: wrapped.append(kw) or module)
+    cfg = train.SimpleNamespace(**configure(train.DEFAULTS, [
+        '--device=cuda', '--dtype=float32', f'--out_dir={tmp_path}', '--dataset=tiny',
+        f'--data_dir={data_dir}', *TINY], train.OPTIONAL_TYPES))
+    env = train.setup(cfg, ())
+    assert env.device == 'cuda:0' and chosen == ['cuda:0'] and env.world == 4 and env.rank == 3
+    train.build(cfg, env, dict(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=64))
+    assert moved == ['cuda:0'] and len(wrapped) == 1 and wrapped[0].get('device_ids') in (None, [0])
+
+
+READS = """
+import json, sys
+from types import SimpleNamespace
+
+import torch.distributed as dist
+
+from annex.cluster import load_sharded, read_shards, save_run
+from checkpoint import build_model
+
+
+def read_bytes(load):  # bytes this process reads through system calls while it loads
+    rchar = lambda: int(next(l.split()[1] for l in open('/proc/self/io') if l.startswith('rchar')))
+    before = rchar()
+    load()
+    return rchar() - before
+
+
+dist.init_process_group('gloo')
+rank, world = dist.get_rank(), dist.get_world_size()
+env = SimpleNamespace(device='cpu', device_type='cpu', world=world, rank=rank, master=rank == 0,
+                      groups=[None], ddp=True, fsdp=False)
+args = dict(block_size=64, vocab_size=4096, n_layer=4, n_head=4, n_embd=256, bias=False)
+raw = build_model(args)
+optimizer = raw.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu')
+cfg = SimpleNamespace(out_dir=sys.argv[1], shard_checkpoints_above=0, async_save=False, keep_last=0)
+save_run(raw, optimizer, dict(model_args=args, iter_num=0), cfg, env)
+folder = sys.argv[1] + '/ckpt.dcp'
+every = read_bytes(lambda: read_shards(raw, optimizer, folder, no_dist=False))  # each its own copy
+once = read_bytes(lambda: load_sharded(raw, optimizer, folder, env))
+reads = [None] * world
+dist.all_gather_object(reads, dict(every=every, once=once))
+if rank == 0:
+    json.dump(reads, open(sys.argv[1] + '/reads.json', 'w'))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.skipif(not os.path.exists('/proc/self/io'), reason="needs Linux's /proc/self/io")
+def test_a_ddp_resume_reads_the_shards_once(tmp_path):
+    """DDP on 2 processes resuming a sharded checkpoint (51 MB): rank 0 reads it and broadcasts it; the
+    other process reads only its half of the CRC-32 check, not the whole as each did before."""
+    (tmp_path / 'reads.py').write_text(READS)
+    (tmp_path / 'out').mkdir()
+    proc = torchrun(2, str(tmp_path / 'reads.py'), str(tmp_path / 'out'))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    size = sum(f.stat().st_size for f in (tmp_path / 'out' / 'ckpt.dcp').iterdir())
+    rank0, rank1 = json.load(open(tmp_path / 'out' / 'reads.json'))
+    print(f'checkpoint {size:,} bytes; read per rank, each its own copy: {rank0["every"]:,} / '
+          f'{rank1["every"]:,}; once and broadcast: {rank0["once"]:,} / {rank1["once"]:,}')
+    assert rank0['every'] > 0.95 * size and rank1['every'] > 0.95 * size
+    assert rank0['once'] > size  # all of it, and its half of the check
+    assert 0.3 * size < rank1['once'] < 0.7 * size  # its half of the check only
