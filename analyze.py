@@ -310,7 +310,7 @@ def main(argv):
     try:
         opts["device"] = pick_device(opts["device"])
         paths = [Path(checkpoint_file(p, opts["ckpt"])) for p in pos[1:]]
-    except ValueError as e:
+    except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"analyze.py: {e}") from None
     plots = annex("plots", "--plot") if opts["plot"] else None  # its error before measuring
     labels = [label(p) for p in paths]

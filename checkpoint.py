@@ -1,4 +1,5 @@
-"""Checkpoints, one torch.save file each: read by every script, written and resumed by train.py."""
+"""Checkpoints, a torch.save file each (or shards: annex/cluster.py), the latest the one saved last
+(each save removes the other format's): read by every script, written and resumed by train.py."""
 import os
 import pickle
 import re
@@ -16,7 +17,6 @@ from model import GPT, GPTConfig
 
 CHECKPOINTS = {'latest': 'ckpt.pt', 'best': 'best.pt'}  # by the names users pick
 SHARDED = {'latest': 'ckpt.dcp', 'best': 'best.dcp'}  # as folders of shards: annex/cluster.py
-# ckpt.pt or ckpt.dcp/, whichever was saved last, is the latest: each save removes the other
 COPY_AGAIN = "Copy it again, or use the run's other one (ckpt.pt / best.pt)"
 
 
@@ -37,26 +37,22 @@ class LoopState:  # train.py's loop, as a checkpoint holds it
         return cls(**{f.name: saved[f.name] for f in fields(cls) if f.name in saved})
 
 
-def checkpoint_file(path, which='latest'):  # a file as it is, or a run directory's
+def checkpoint_file(path, which='latest'):  # a file, or a run directory's; of shards, its export
     if which not in CHECKPOINTS:
         raise ValueError(f"--ckpt={which} is not a checkpoint choice; use latest (ckpt.pt) or best")
-    if not os.path.isdir(path):
-        return str(path)
-    if os.path.isdir(os.path.join(path, SHARDED[which])):  # in shards: its export, said how old
-        return annex('cluster', 'a sharded checkpoint (ckpt.dcp)').current_file(path, which)
-    return os.path.join(path, CHECKPOINTS[which])
+    folder, name = (path, CHECKPOINTS[which]) if os.path.isdir(path) else os.path.split(str(path))
+    which = next((k for k, v in CHECKPOINTS.items() if v == name), None)  # named so or not
+    if which and os.path.isdir(os.path.join(folder, SHARDED[which])):  # said how old
+        return annex('cluster', 'a sharded checkpoint (ckpt.dcp)').current_file(folder, which)
+    return os.path.join(folder, name)
 
 
 def load_checkpoint(path, device='cpu', which='latest', language_model=False, verify=True):
     """(eval-mode model, dict) of a train.py or nanoGPT file, CRC-32s checked; 'meta': no copy."""
     path = checkpoint_file(path, which)
     if not os.path.isfile(path):
-        folder, name = os.path.split(path)
-        how = "give a run's out_dir or its ckpt.pt / best.pt (train one with `python train.py`)"
-        for kind in CHECKPOINTS:  # it may be in shards
-            if name == CHECKPOINTS[kind] and os.path.isdir(os.path.join(folder, SHARDED[kind])):
-                how = f"export it first: python annex/cluster.py export {folder} --which={kind}"
-        raise FileNotFoundError(f"no checkpoint at {path}: {how}")
+        raise FileNotFoundError(f"no checkpoint at {path}: give a run's out_dir or its ckpt.pt / "
+                                "best.pt (train one with `python train.py`)")
     device = pick_device(device)
     if verify and zipfile.is_zipfile(path):  # not an archive: read_checkpoint says so
         check_crc(path)
@@ -107,9 +103,7 @@ def load_weights(ckpt, path, device, model_args=None):  # on `device`: no CPU co
         raise ValueError(f"{path}: its model_args fit no model this version builds: {e}") from None
     state = {k: v.to('meta') if device == 'meta' else v for k, v in ckpt['model'].items()
              if not k.endswith('.attn.bias')}  # old nanoGPT ones saved causal masks
-    mismatch = f"{path}: the weights do not match its model_args (another architecture?):"
-    if model_args:
-        mismatch = f"{path}: its weights do not fit this run's model (init_from):"
+    mismatch = f"{path}: the weights do not fit the model (another architecture?):"
     try:
         result = model.load_state_dict(state, strict=False)
     except RuntimeError as e:  # shapes differ: PyTorch lists all, a few say enough
@@ -169,8 +163,6 @@ def save_run(model, optimizer, fields, cfg, env, best=False):
 
 def starting_checkpoint(cfg, model_args, n_train, env):
     """What the run starts from: its checkpoint, init_from=PATH's weights (rank 0's), or None."""
-    if env.master and not cfg.eval_only:
-        clear_stale(cfg.out_dir)
     if cfg.init_from == 'resume':
         return read_resume_checkpoint(cfg, model_args, n_train, env.master)
     if cfg.init_from == 'scratch':
@@ -205,17 +197,13 @@ def read_resume_checkpoint(cfg, model_args, n_train, master):
     if changed:
         raise SystemExit("error: the config changes the resumed run's architecture: "
                          + ', '.join(changed) + ". Keep the checkpoint's values, or a new out_dir.")
-    s, ds = ckpt['sampler'], ckpt['config'].get('dataset')
-    if not master:
-        return ckpt
-    if old.get('dropout') != cfg.dropout:
-        print(f"note: dropout changes from {old.get('dropout')} to {cfg.dropout}")
-    if ds != cfg.dataset:
-        print(f"warning: resuming a run trained on dataset {ds!r} with dataset {cfg.dataset!r}")
-    if (s['seed'], s['train_tokens'], s.get('budget_docs')) != (cfg.seed, n_train, cfg.budget_docs):
-        print(f"warning: resuming with seed/train_tokens/budget_docs {cfg.seed}/{n_train:,}/"
-              f"{cfg.budget_docs} where the checkpoint has {s['seed']}/{s['train_tokens']:,}/"
-              f"{s.get('budget_docs')}: the data order changes")
+    s = ckpt['sampler']  # what else may change, said: the data (its order), dropout
+    now = dict(dataset=cfg.dataset, seed=cfg.seed, train_tokens=n_train,
+               budget_docs=cfg.budget_docs, dropout=cfg.dropout)
+    was = dict(s, dataset=ckpt['config'].get('dataset'), dropout=old.get('dropout'))
+    changes = [f'{k} {was.get(k)!r} -> {v!r}' for k, v in now.items() if was.get(k) != v]
+    if master and changes:
+        print(f"warning: resuming with {', '.join(changes)}: not the uninterrupted run")
     return ckpt
 
 
@@ -230,7 +218,7 @@ def has_ended(cfg, state, master):  # at max_iters, with its summary.json writte
 
 
 def load_training_state(raw, optimizer, ckpt, env):
-    """A checkpoint's weights, AdamW state unless None: rank 0's, broadcast; a sharded one's, by part."""
+    """A checkpoint's weights (AdamW state too, with an optimizer): rank 0's, broadcast; shards'."""
     if 'sharded' in ckpt:
         annex('cluster').load_sharded(raw, optimizer, ckpt['sharded'], env)
         return
@@ -242,8 +230,8 @@ def load_training_state(raw, optimizer, ckpt, env):
                                      options=options)
 
 
-def clear_stale(out_dir):  # left by interrupted saves; *.dcp: annex/cluster.py, which keeps one
-    names = os.listdir(out_dir) if os.path.isdir(out_dir) else []
+def clear_stale(out_dir, mine=True):  # left by interrupted saves; *.dcp: annex/cluster.py's
+    names = os.listdir(out_dir) if mine and os.path.isdir(out_dir) else []
     for name in names:
         if re.fullmatch(r'(ckpt|best)(-\d+)?\.pt\.tmp\d+', name):
             print(f'removing {os.path.join(out_dir, name)}: left by an interrupted save')

@@ -1,6 +1,5 @@
 """train.py's checks; every script's device and precision; torchrun's processes."""
 import functools
-import importlib.util
 import os
 import signal
 from contextlib import nullcontext
@@ -35,7 +34,7 @@ def check_train_config(cfg, world):  # before any I/O; sets device, dtype, backe
         cfg.init_from = 'resume' if has_run else 'scratch'
     if cfg.init_from not in ('scratch', 'resume') and not os.path.exists(cfg.init_from):
         raise SystemExit(f"error: init_from={cfg.init_from!r}: use 'scratch', 'resume', 'auto' or "
-                         "the path of another run's checkpoint (its out_dir or ckpt.pt); none there")
+                         "the path of another run's checkpoint (out_dir, ckpt.pt): none there")
     if has_run and cfg.init_from != 'resume' and not (cfg.overwrite or cfg.eval_only):
         raise SystemExit(f'error: {cfg.out_dir} already holds a run (ckpt.pt); pass '
                          '--out_dir=NEW, --init_from=resume (or auto), or --overwrite=True')
@@ -46,8 +45,8 @@ def check_train_config(cfg, world):  # before any I/O; sets device, dtype, backe
         value, least = getattr(cfg, key), (0 if key in ('max_iters', 'paper_val') else 1)
         if value is not None and value < least:  # eval_interval_warmup None: eval_interval's
             raise SystemExit(f'error: {key}={value} must be >= {least}')
-    if cfg.wandb_log and not importlib.util.find_spec('wandb'):
-        raise SystemExit('error: wandb_log=True, but wandb is not installed (pip install wandb)')
+    if cfg.wandb_log:
+        annex('wandb_log', 'wandb_log=True').check()
     for n, what in ((cfg.batch_size * cfg.gradient_accumulation_steps,
                      'samples per step (batch_size x gradient_accumulation_steps)'),
                     (cfg.eval_iters * cfg.batch_size, 'eval_iters x batch_size eval samples')):

@@ -1,10 +1,12 @@
-"""A run's files in out_dir other than checkpoints: config.json, log.jsonl, summary.json, wandb."""
+"""A run's files in out_dir other than checkpoints: config.json, log.jsonl, summary.json (wandb:
+annex/wandb_log.py)."""
 import contextlib
 import json
 import os
+import re
 import shutil
 
-from checkpoint import CHECKPOINTS, SHARDED
+from configurator import annex
 from data.common import atomic_write, write_json
 
 
@@ -17,24 +19,32 @@ def read_log(path, keep):  # the records keep(record) accepts; a torn line is dr
     return [r for r in records if keep(r)]
 
 
-def prepare_run_dir(out_dir, config, resume_iter=None):
-    """config.json; log.jsonl cut back to resume_iter or, in a new run, emptied (old files gone)."""
+def prepare_run_dir(run, resume, state_bytes, sharded):
+    """Rank 0's config.json; log.jsonl cut back to the resumed iter or, in a new run, emptied (old
+    files gone); the room for checkpoints of state_bytes checked (annex/memory.py)."""
+    if not run.writing:
+        return
+    out_dir, config, resume_iter = run.cfg.out_dir, run.saved['config'], run.start_iter
     os.makedirs(out_dir, exist_ok=True)
     log_path, kept = os.path.join(out_dir, 'log.jsonl'), []
-    if resume_iter is None:
-        for name in (*CHECKPOINTS.values(), 'summary.json'):
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(out_dir, name))
-        for name in SHARDED.values():
-            shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
+    if not resume:  # the old run's checkpoints (kept ones too), exports and summary gone
+        for name in os.listdir(out_dir):
+            path = os.path.join(out_dir, name)
+            if re.fullmatch(r'(ckpt|best)(-\d+)?\.dcp|export', name) and os.path.isdir(path):
+                shutil.rmtree(path)
+            elif re.fullmatch(r'(ckpt|best)(-\d+)?\.pt|summary\.json', name):
+                os.remove(path)
     else:  # the checkpoint's eval (or stop) kept
         kept = read_log(log_path, lambda r: r['iter'] < resume_iter or (
             r['iter'] == resume_iter and r['event'] in ('eval', 'saved', 'stopped')))
     write_json(os.path.join(out_dir, 'config.json'), config)
     atomic_write(log_path, lambda f: f.write(''.join(json.dumps(r) + '\n' for r in kept).encode()))
-    if config.get('wandb_log'):
-        import wandb
-        wandb.init(project=config['wandb_project'], name=config['wandb_run_name'], config=config)
+    if config['wandb_log']:
+        annex('wandb_log').start(config)
+    memory = annex('memory')
+    problem = memory.check_room(out_dir, state_bytes, gathered=not sharded) if memory else None
+    if problem:  # now, not after hours of training
+        raise SystemExit(f'error: {problem}')
 
 
 def log(run, record):  # a log.jsonl line (a step, eval or event), a wandb step
@@ -43,8 +53,7 @@ def log(run, record):  # a log.jsonl line (a step, eval or event), a wandb step
     with open(os.path.join(run.cfg.out_dir, 'log.jsonl'), 'a') as f:
         f.write(json.dumps(record) + '\n')
     if run.cfg.wandb_log:
-        import wandb
-        wandb.log(record, step=record['iter'])
+        annex('wandb_log').log(record)
 
 
 def write_summary(run, state, reason):
@@ -65,9 +74,8 @@ def write_summary(run, state, reason):
         'warnings': last.get('warnings'), **seen(run, it), 'n_params': run.raw.get_num_params(),
         f'budget_{run.data.unit}': run.data.n_train, 'unigram_entropy': run.data.entropy,
         'config': run.saved['config'], 'layout': run.meta.get('layout', 'file')})  # tokenization
-    if run.cfg.wandb_log:  # ended (a stopped run's ends with its process)
-        import wandb
-        wandb.finish()
+    if run.cfg.wandb_log:
+        annex('wandb_log').finish()
 
 
 def log_step(run, it, loss, lr, grad_norm, dt):  # throughput and MFU once timed

@@ -27,8 +27,6 @@ DEFAULTS, OPTIONAL_TYPES = config_keys(globals())
 
 def main(argv):
     cfg = configure(DEFAULTS, argv, OPTIONAL_TYPES, __doc__)
-    ckpt = cfg['ckpt']
-    path = checkpoint_file(cfg['out_dir'], ckpt) if ckpt in CHECKPOINTS else ckpt
     if cfg['dtype'] not in (None, 'float32', 'bfloat16', 'float16'):
         raise SystemExit(f"error: dtype={cfg['dtype']!r} is not known (float32, bfloat16, float16)")
     start = cfg['start']
@@ -40,7 +38,8 @@ def main(argv):
             raise SystemExit(f'error: cannot read the prompt file {start[5:]!r} (--start): {e}')
     torch.manual_seed(cfg['seed'])
     try:
-        device = pick_device(cfg['device'])
+        device, ckpt = pick_device(cfg['device']), cfg['ckpt']
+        path = checkpoint_file(cfg['out_dir'], ckpt) if ckpt in CHECKPOINTS else ckpt
         model, checkpoint = load_checkpoint(path, device, language_model=True)
         tiktoken_file = cfg['tiktoken_file'] or checkpoint.get('config', {}).get('tiktoken_file')
         tok = get_tokenizer(checkpoint.get('tokenizer', 'gpt2'), tiktoken_file)

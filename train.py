@@ -16,10 +16,11 @@ import torch.distributed as dist
 
 import checkpoint
 import norm_stats
-from checkpoint import LoopState, build_model, has_ended, load_training_state, starting_checkpoint
+from checkpoint import (LoopState, build_model, clear_stale, has_ended, load_training_state,
+                        starting_checkpoint)
 from configurator import annex, config_keys, configure
 from data.common import derived_seed, micro_batches, open_data
-from distributed import LONG_TIMEOUT, any_failed, on_every_process, set_timeout, setup
+from distributed import LONG_TIMEOUT, on_every_process, set_timeout, setup
 from evaluate import evaluate
 from run_files import log, log_step, prepare_run_dir, seen, write_summary
 
@@ -136,6 +137,8 @@ def train(cfg, env):
     meta, data = open_data(cfg, env, EVAL_SEED)
     config, resume = vars(cfg).copy(), cfg.init_from == 'resume'
     model_args = data.model_args(config)
+    on_every_process(env, 'cannot remove what interrupted saves left', clear_stale, cfg.out_dir,
+                     env.master and not cfg.eval_only)  # by rank 0, before any process reads
     ckpt = on_every_process(env, 'cannot start', starting_checkpoint, cfg, model_args,
                             data.n_train, env)  # a failure ends all before they wait on it
     state = LoopState.from_checkpoint(ckpt) if resume else LoopState()
@@ -178,14 +181,8 @@ def train(cfg, env):
                           optimizer=optimizer, samples=samples, parts=parts, saves=saves,
                           peak_flops=peak, start_iter=state.iter_num,
                           writing=env.master and not cfg.eval_only)  # what the steps share
-    problem = None
-    if run.writing:
-        prepare_run_dir(cfg.out_dir, config, state.iter_num if resume else None)
-        if memory:  # fp32 weights and AdamW's two moments
-            problem = memory.check_room(cfg.out_dir, 12 * n_params, gathered=not sharded)
-    if any_failed(env, problem):  # now, not after hours of training
-        why = problem if problem else 'rank 0 cannot save checkpoints (see its message)'
-        raise SystemExit(f'error: {why}')
+    on_every_process(env, f'cannot write to {cfg.out_dir}', prepare_run_dir, run, resume,
+                     12 * n_params, sharded)  # fp32 weights and AdamW's moments: room for them
     return loop(run, state)
 
 
@@ -353,8 +350,8 @@ def settle(run):  # the background save done (annex/cluster.py), or all end with
 def finish(run, state, reason=None):
     """The run's end (reason: why it diverged), said, logged, in summary.json; the exit status."""
     cfg, it = run.cfg, state.iter_num
-    state.wall_time_s = time.time() - run.t0
     settle(run)
+    state.wall_time_s = time.time() - run.t0
     if reason:
         log(run, {'event': 'diverged', 'iter': it, 'diverged': True, 'reason': reason})
         if run.env.master:

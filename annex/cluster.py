@@ -126,8 +126,8 @@ def save_run(model, optimizer, fields, cfg, env, best=False):
             return
         if getattr(env, 'save_group', None) is None:  # its own: the steps' collectives go on
             env.save_group = dist.new_group(backend='gloo', timeout=timedelta(seconds=LONG_TIMEOUT))
-        env.pending = dcp.async_save(state_dicts(model, optimizer), storage_writer=writer,
-                                     process_group=env.save_group)
+        env.pending = fields['iter_num'], dcp.async_save(
+            state_dicts(model, optimizer), storage_writer=writer, process_group=env.save_group)
         return
     state = training_state(model, optimizer, **fields)
     if not env.master:
@@ -137,9 +137,9 @@ def save_run(model, optimizer, fields, cfg, env, best=False):
         return
     if env.device_type == 'cpu':  # still the live tensors: copied, as the GPU's are
         state = copy.deepcopy(state)
-    with ThreadPoolExecutor(1) as pool:  # its thread ends with the write
-        env.pending = pool.submit(save_whole, state, cfg.out_dir, best, cfg.keep_last)
-        pool.shutdown(wait=False)
+    pool = ThreadPoolExecutor(1)
+    env.pending = fields['iter_num'], pool.submit(save_whole, state, cfg.out_dir, best, cfg.keep_last)
+    pool.shutdown(wait=False)  # its thread ends with the write
 
 
 def save_whole(state, out_dir, best, keep_last):
@@ -150,8 +150,12 @@ def save_whole(state, out_dir, best, keep_last):
 def wait(env):
     """The background save done (swapped in), or its error raised; every process calls it."""
     pending, env.pending = getattr(env, 'pending', None), None
-    if pending is not None:
-        said_briefly(pending.result)
+    if pending is None:
+        return
+    try:
+        said_briefly(pending[1].result)
+    except Exception as e:
+        raise RuntimeError(f'the save of iter {pending[0]}, in the background, failed: {e}') from None
 
 
 def said_briefly(call, *args, **kwargs):  # DCP's errors: a BaseException with every traceback
@@ -407,8 +411,8 @@ def export(out_dir, which='latest', weights_only=False, dtype='float32'):
     if which not in SHARDED or dtype not in ('float32', 'bfloat16'):
         raise SystemExit(f"error: --which={which!r} --dtype={dtype!r}: use which 'latest' or 'best', "
                          "dtype 'float32' or 'bfloat16'")
-    folder = os.path.join(out_dir, SHARDED[which])
-    if os.path.isdir(folder):
+    folder, single = os.path.join(out_dir, SHARDED[which]), os.path.join(out_dir, CHECKPOINTS[which])
+    if os.path.isdir(folder) and not (os.path.isfile(single) and saved_later(single, folder)):
         fields = read_fields(folder)
         del fields['sharded']
         model = build_model(fields['model_args'])
@@ -419,7 +423,7 @@ def export(out_dir, which='latest', weights_only=False, dtype='float32'):
         state = training_state(model, optimizer, **fields)
     else:
         try:
-            state = load_checkpoint(os.path.join(out_dir, CHECKPOINTS[which]), which=which)[1]
+            state = load_checkpoint(single, which=which)[1]
         except (FileNotFoundError, ValueError) as e:
             raise SystemExit(f'error: {e}') from None
     if weights_only:

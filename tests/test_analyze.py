@@ -413,7 +413,7 @@ def test_bad_input_gives_clear_errors(tmp_path, dataset):
     ck = torch.load(run / "ckpt.pt", weights_only=True)
     ck["model_args"]["n_embd"] = 32   # weights of another architecture
     torch.save(ck, tmp_path / "other.pt")
-    cases.append((["spectra", str(tmp_path / "other.pt")], "do not match"))
+    cases.append((["spectra", str(tmp_path / "other.pt")], "do not fit the model"))
     for argv, msg in cases:
         with pytest.raises(SystemExit) as e:
             analyze.main(argv)

@@ -81,8 +81,11 @@ def test_an_annex_option_names_the_file_it_needs(fork):
     cases = ((['train.py', '--fsdp=True', '--out_dir=out_fsdp'], 'annex/cluster.py'),
              (['train.py', '--dataset=images', '--data_dir=images', '--out_dir=out_vit'], 'annex/vit.py'),
              (['analyze.py', 'all', 'out', '--plot=figs'], 'annex/plots.py'),
-             (['analyze.py', 'alpha', 'out'], 'annex/alpha.py'))
+             (['analyze.py', 'alpha', 'out'], 'annex/alpha.py'),
+             (['train.py', '--wandb_log=True', '--out_dir=out_wandb'], 'annex/wandb_log.py'),
+             (['train.py', '--async_save=True', '--out_dir=out_async'], 'annex/cluster.py'))
     for (args, needs), proc in zip(cases, run(d, *(args for args, _ in cases))):
         assert proc.returncode == 1, (args, proc.stdout[-2000:], proc.stderr[-2000:])
         assert needs in proc.stderr and 'Traceback' not in proc.stderr, (args, proc.stderr[-2000:])
-    assert not any((d / name).exists() for name in ('out_fsdp', 'out_vit', 'figs'))  # nothing written
+    assert not any((d / name).exists() for name in ('out_fsdp', 'out_vit', 'figs', 'out_wandb',
+                                                    'out_async'))  # nothing written

@@ -194,12 +194,13 @@ def test_out_dir_is_never_clobbered_and_resume_checks_the_checkpoint(data_dir, t
         run(data_dir, out, '--max_iters=2', '--seed=42')
     assert run(data_dir, out, '--max_iters=1', '--eval_interval=1', '--overwrite=True') == 0
     assert [r['iter'] for r in records(out, 'eval')] == [0, 1]  # the old run's log is gone
-    # dropout is not architecture: it may change on resume (a note); another dataset gets a warning
+    # dropout is not architecture: it may change on resume, as the dataset may, each said
     capsys.readouterr()
     assert run(data_dir, out, '--max_iters=2', '--eval_interval=1', '--init_from=resume',
                '--dropout=0.1', '--dataset=tiny2') == 0
     printed = capsys.readouterr().out
-    assert 'note: dropout changes from 0.0 to 0.1' in printed and "trained on dataset 'tiny'" in printed
+    assert ("warning: resuming with dataset 'tiny' -> 'tiny2', dropout 0.0 -> 0.1: not the "
+            'uninterrupted run') in printed
     assert [r['iter'] for r in records(out, 'eval')] == [0, 1, 2]
     # a checkpoint that is missing, corrupt, or not written by train.py: a reason, not a traceback
     ckpt = torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)
@@ -553,7 +554,7 @@ def test_init_from_a_path_takes_its_weights_only(data_dir, tmp_path):
     assert all(m['step'] == 4 for m in a['optimizer']['state'].values())
     assert (b['iter_num'], b['best_iter'], records(tuned, 'eval')[0]['val_loss']) == (
         0, 0, pytest.approx(records(source, 'eval')[-1]['val_loss'], abs=1e-6))
-    with pytest.raises(SystemExit, match=r"do not fit this run's model.*size mismatch for "
+    with pytest.raises(SystemExit, match=r"do not fit the model.*size mismatch for "
                                          r"transformer\.wte\.weight"):
         run(data_dir, tmp_path / 'wide', '--n_embd=64', f"--init_from={source}/ckpt.pt")
     with pytest.raises(SystemExit, match="init_from='nowhere': use 'scratch', 'resume', 'auto' or"):

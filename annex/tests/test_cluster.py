@@ -7,6 +7,7 @@ import socket
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -427,13 +428,17 @@ def test_the_format_saved_last_is_the_run_s_latest(data_dir, tmp_path, capsys):
         cluster.read_fields(str(tmp_path / 'torn.dcp'))
 
 
-def test_kept_and_background_saves_write_what_a_synchronous_run_does(data_dir, tmp_path):
+def test_kept_and_background_saves_write_what_a_synchronous_run_does(data_dir, tmp_path, monkeypatch):
     """keep_last=2 keeps exactly the last two steps' checkpoints (hard links to what ckpt.pt was);
-    async_save=True writes in a thread the bytes the synchronous run writes, its wait logged."""
+    async_save=True writes in another thread the bytes the synchronous run writes, its wait logged."""
     args = ['--max_iters=8', '--eval_interval=2', '--dropout=0.1']
     base = ['--dataset=tiny', f'--data_dir={data_dir}', *TINY, *args]
-    for name, extra in (('sync', []), ('async', ['--async_save=True', '--keep_last=2'])):
+    threads, real_save = [], cluster.save_checkpoint
+    monkeypatch.setattr(cluster, 'save_checkpoint', lambda *a: threads.append(
+        threading.current_thread() is threading.main_thread()) or real_save(*a))
+    for name, extra in (('sync', ['--keep_last=1']), ('async', ['--async_save=True', '--keep_last=2'])):
         assert train.main(base + [f'--out_dir={tmp_path / name}', *extra]) == 0
+    assert threads == [True] * 4 + [False] * 4  # in the loop's thread, then in the background's
     run = tmp_path / 'async'
     assert sorted(n for n in os.listdir(run) if n.startswith('ckpt')) == ['ckpt-6.pt', 'ckpt-8.pt',
                                                                           'ckpt.pt']
@@ -543,7 +548,8 @@ def test_a_rank_failing_after_its_shard_write_ends_every_process(data_dir, tmp_p
             f'--async_save={background}']
     status, outputs, seconds = srun(str(tmp_path / 'fails.py'), args, free_port())
     assert status == [1, 1], outputs
-    assert all('not saved (RuntimeError: torch.distributed.checkpoint failed on rank 1: OSError: '
+    later = 'the save of iter 2, in the background, failed: ' if background else ''
+    assert all(f'not saved (RuntimeError: {later}torch.distributed.checkpoint failed on rank 1: OSError: '
                '[Errno 28] No space left on device)' in o for o in outputs), outputs
     assert seconds < 40
     assert not (out / 'ckpt.dcp').exists()
@@ -622,3 +628,64 @@ def test_a_ddp_resume_reads_the_shards_once(tmp_path):
     assert rank0['every'] > 0.95 * size and rank1['every'] > 0.95 * size
     assert rank0['once'] > size  # all of it, and its half of the check
     assert 0.3 * size < rank1['once'] < 0.7 * size  # its half of the check only
+
+
+def test_a_weights_only_bf16_export_is_read_everywhere(data_dir, tmp_path, capsys):
+    """export --weights_only=True --dtype=bfloat16 of a single-file run: the weights in bf16, no AdamW
+    state; sample.py, analyze.py and init_from read it; train.py does not resume it."""
+    out = str(tmp_path / 'run')
+    args = ['--dataset=tiny', f'--data_dir={data_dir}', *TINY, '--eval_interval=2', '--vocab_size=320']
+    assert train.main(args + ['--max_iters=4', f'--out_dir={out}']) == 0
+    proc = subprocess.run([sys.executable, 'annex/cluster.py', 'export', out, '--weights_only=True',
+                           '--dtype=bfloat16'], cwd=REPO, env=ENV, capture_output=True, text=True)
+    path = os.path.join(out, 'export', 'ckpt-4.pt')
+    assert proc.returncode == 0 and proc.stdout.strip() == f'wrote {path}', proc.stderr
+    full, light = (torch.load(p, weights_only=True) for p in (os.path.join(out, 'ckpt.pt'), path))
+    assert 'optimizer' not in light and light['iter_num'] == 4
+    assert all(light['model'][k].dtype == torch.bfloat16 and torch.equal(
+        light['model'][k], full['model'][k].bfloat16()) for k in full['model'])
+    assert os.path.getsize(path) < 0.25 * os.path.getsize(os.path.join(out, 'ckpt.pt'))
+    sample.main([f'--ckpt={path}', '--max_new_tokens=3', '--num_samples=1'])
+    analyze.main(['saturation', path])
+    assert train.main(args + ['--max_iters=0', f'--init_from={path}', f'--out_dir={tmp_path / "b"}']) == 0
+    weights = torch.load(tmp_path / 'b' / 'ckpt.pt', weights_only=True)['model']
+    assert all(torch.equal(weights[k], full['model'][k].bfloat16().float()) for k in weights)
+    shutil.copy(path, os.path.join(out, 'ckpt.pt'))
+    with pytest.raises(SystemExit, match='lacks optimizer: not this train.py'):
+        train.main(args + ['--max_iters=6', f'--out_dir={out}', '--init_from=resume'])
+
+
+KILL_SHARDS = """
+import os, signal, sys
+import annex.cluster as cluster
+import train
+real_replace = os.replace
+
+
+def replace(src, dst):  # rank 0, at the second sharded save (iter 4): between swap_in's two renames
+    if str(dst).endswith('ckpt.dcp.old'):
+        real_replace(src, dst)
+        os.kill(os.getpid(), signal.SIGKILL)
+    real_replace(src, dst)
+
+
+cluster.os.replace = replace
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def test_a_kill_while_swapping_shards_in_keeps_the_previous_ones(data_dir, tmp_path):
+    """kill -9 of rank 0 in the background sharded save, the old ckpt.dcp/ renamed away and the new one
+    not yet in: the next start puts the old one back, clears the new, and resumes from iter 2."""
+    (tmp_path / 'kill.py').write_text(KILL_SHARDS)
+    out = str(tmp_path / 'run')
+    args = ['--dataset=tiny', f'--data_dir={data_dir}', *TINY, '--max_iters=6', '--eval_interval=2',
+            f'--out_dir={out}', '--async_save=True', '--shard_checkpoints_above=0', '--init_from=auto']
+    proc = torchrun(2, str(tmp_path / 'kill.py'), *args)
+    assert proc.returncode != 0 and 'Signal 9 (SIGKILL)' in proc.stderr, proc.stderr[-3000:]
+    assert sorted(n for n in os.listdir(out) if 'dcp' in n) == ['best.dcp', 'ckpt.dcp.old', 'ckpt.dcp.tmp']
+    proc = torchrun(2, 'train.py', *args)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f'removing {out}/ckpt.dcp.tmp: left by an interrupted save' in proc.stdout
+    assert 'resuming at iter 2' in proc.stdout
+    assert cluster.read_fields(os.path.join(out, 'ckpt.dcp'))['iter_num'] == 6
