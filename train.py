@@ -334,6 +334,7 @@ def save(run, state, best=False):
     """ckpt.pt or ckpt.dcp/ (and best), by all: rank 0 may write 45 GB as the others wait."""
     set_timeout(run.env, LONG_TIMEOUT)
     t0 = time.time()
+    settle(run)  # the save before: all know how it ended before the next collective
     state.wall_time_s = t0 - run.t0
     on_every_process(run.env, f'checkpoint at iter {state.iter_num} not saved', run.saves.save_run,
                      run.raw, run.optimizer, dict(run.saved, **vars(state)), run.cfg, run.env, best)

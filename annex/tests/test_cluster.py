@@ -216,6 +216,7 @@ def test_an_allocation_s_variables_alone_start_one_process(data_dir, tmp_path, m
 FULL_DISK = """
 import sys
 
+import annex.cluster
 import checkpoint
 import train
 
@@ -224,21 +225,29 @@ def save_checkpoint(state, out_dir, best=False):  # rank 0's disk is full at the
     raise OSError(28, 'No space left on device')
 
 
-checkpoint.save_checkpoint = save_checkpoint
+checkpoint.save_checkpoint = annex.cluster.save_checkpoint = save_checkpoint  # in the background too
 sys.exit(train.main(sys.argv[1:]))
 """
 
 
-def test_a_failed_save_ends_every_process_at_once(data_dir, tmp_path):
+@pytest.mark.parametrize('background', [False, True])
+def test_a_failed_save_ends_every_process_at_once(data_dir, tmp_path, background):
     """Rank 0's checkpoint write raises: both processes exit with status 1 within seconds (not after an
-    hour in a barrier), each saying why."""
+    hour in a barrier), each saying why. In the background (FSDP: the next save gathers the weights
+    collectively), the failure is shared before the next save's first collective."""
     (tmp_path / 'full_disk.py').write_text(FULL_DISK)
     args = ['--dataset=tiny', f'--data_dir={data_dir}', *TINY, '--max_iters=4', '--eval_interval=2',
             f'--out_dir={tmp_path / "out"}', '--launcher=srun']
+    if background:
+        args += ['--async_save=True', '--fsdp=True']
     status, outputs, seconds = srun(str(tmp_path / 'full_disk.py'), args, free_port())
     assert status == [1, 1], outputs
-    assert 'checkpoint at iter 2 not saved (OSError: [Errno 28] No space left on device)' in outputs[0]
-    assert 'checkpoint at iter 2 not saved (on another process)' in outputs[1]
+    what = 'checkpoint at iter 2 not saved (OSError: [Errno 28] No space left on device)'
+    if background:
+        what = ('the last checkpoint not saved (RuntimeError: the save of iter 2, in the background, '
+                'failed: [Errno 28] No space left on device)')
+    assert what in outputs[0]
+    assert f"{what.split(' (')[0]} (on another process)" in outputs[1]
     assert seconds < 30  # startup included (about 5 s here)
 
 
