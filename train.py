@@ -344,7 +344,8 @@ def save(run, state, best=False):
 
 
 def settle(run):  # the background save done (annex/cluster.py), or all end with its error
-    if run.cfg.async_save:
+    if run.cfg.async_save:  # the others may wait while rank 0 writes: the long timeout
+        set_timeout(run.env, LONG_TIMEOUT)
         on_every_process(run.env, 'the last checkpoint not saved', run.saves.wait, run.env)
 
 

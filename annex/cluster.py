@@ -33,7 +33,7 @@ from checkpoint import (CHECKPOINTS, SHARDED, build_model, load_checkpoint,  # n
                         load_training_state, save_checkpoint, training_state)
 from configurator import configure  # noqa: E402
 from data.common import atomic_write, write_json  # noqa: E402
-from distributed import LONG_TIMEOUT, any_failed, set_timeout  # noqa: E402
+from distributed import LONG_TIMEOUT, any_failed, on_every_process, set_timeout  # noqa: E402
 from model import rope_angles  # noqa: E402
 
 
@@ -121,7 +121,7 @@ def save_run(model, optimizer, fields, cfg, env, best=False):
         if env.master:
             shutil.rmtree(writer.path, ignore_errors=True)
         dist.barrier()
-        if not cfg.async_save:
+        if not (cfg.async_save and env.fsdp):  # DDP's would first copy all of it on every process
             said_briefly(dcp.save, state_dicts(model, optimizer), storage_writer=writer)
             return
         if getattr(env, 'save_group', None) is None:  # its own: the steps' collectives go on
@@ -135,7 +135,7 @@ def save_run(model, optimizer, fields, cfg, env, best=False):
     if not cfg.async_save:
         save_whole(state, cfg.out_dir, best, cfg.keep_last)
         return
-    if env.device_type == 'cpu':  # still the live tensors: copied, as the GPU's are
+    if env.device_type != 'cuda':  # CPU tensors are still the live ones: copied, as CUDA's are
         state = copy.deepcopy(state)
     pool = ThreadPoolExecutor(1)
     env.pending = fields['iter_num'], pool.submit(save_whole, state, cfg.out_dir, best, cfg.keep_last)
@@ -258,23 +258,23 @@ class ShardWriter(dcp.FileSystemWriter):
     def finish(self, metadata, results):  # on the coordinator, when every process has written
         super().finish(metadata, results)
         sums = {'.metadata': self.fs.crcs['.metadata.tmp'], 'state.pt': zlib.crc32(self.fields)}
-        for name in os.listdir(self.path):
-            if name.endswith('.crc32.json'):
-                with open(os.path.join(self.path, name)) as f:
-                    sums.update(json.load(f))
-                os.remove(os.path.join(self.path, name))
+        for rank in range(len(results)):  # by name: a listing may lag on a network filesystem
+            path = os.path.join(self.path, f'__{rank}.crc32.json')
+            with open(path) as f:
+                sums.update(json.load(f))
+            os.remove(path)
         atomic_write(os.path.join(self.path, 'state.pt'), lambda f: f.write(self.fields))
-        write_json(os.path.join(self.path, 'checksums.json'), sums)
+        write_json(os.path.join(self.path, 'checksums.json'), sums)  # last: the folder is whole
         final = os.path.join(self.out_dir, SHARDED['latest'])
         swap_in(str(self.path), final)
-        for kind in ('latest', 'best') if self.best else ('latest',):  # the older single file
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(self.out_dir, CHECKPOINTS[kind]))
         if self.best:
             links = os.path.join(self.out_dir, SHARDED['best']) + '.tmp'
             shutil.rmtree(links, ignore_errors=True)
             shutil.copytree(final, links, copy_function=link_or_copy)
             swap_in(links, os.path.join(self.out_dir, SHARDED['best']))
+        for kind in ('latest', 'best') if self.best else ('latest',):  # now the older single file
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(self.out_dir, CHECKPOINTS[kind]))
         keep_steps(self.out_dir, self.iter_num, self.keep_last)
 
 
@@ -287,8 +287,10 @@ def link_or_copy(src, dst):  # the same bytes, no copy; a copy where links are n
 
 def swap_in(tmp, final):
     """Folder tmp renamed to final, the old final removed, the renames made durable; a crash in
-    between leaves final.old, which clear_stale puts back."""
+    between leaves final.old (and a whole tmp), which clear_stale sorts out."""
     if os.path.exists(final):
+        if os.path.exists(final + '.old'):  # a stale one (a file held open on NFS): not in the way
+            shutil.rmtree(final + '.old')
         os.replace(final, final + '.old')
     os.replace(tmp, final)
     fd = os.open(os.path.dirname(os.path.abspath(final)), os.O_RDONLY)
@@ -300,9 +302,14 @@ def swap_in(tmp, final):
 
 
 def clear_stale(out_dir):
-    """What an interrupted save left: *.dcp.tmp/ removed; a folder caught between swap_in's two renames
-    (only *.dcp.old/ there) put back; of ckpt.pt and ckpt.dcp/ (best.pt, best.dcp/) both there, a save
-    cut short before it removed the other, the older removed."""
+    """What an interrupted save left: a whole ckpt.dcp.tmp/ (its checksums.json, written last, there)
+    put in as ckpt.dcp/, other *.dcp.tmp/ removed; a folder caught between swap_in's two renames (only
+    *.dcp.old/ there) put back; of ckpt.pt and ckpt.dcp/ (best.pt, best.dcp/) both there, a save cut
+    short before it removed the other, the older removed."""
+    tmp = os.path.join(out_dir, SHARDED['latest'] + '.tmp')
+    if os.path.isfile(os.path.join(tmp, 'checksums.json')):
+        print(f'putting in {tmp} as {SHARDED["latest"]}: a whole save cut short before its swap')
+        swap_in(tmp, tmp[:-4])
     for name in sorted(os.listdir(out_dir)):
         path = os.path.join(out_dir, name)
         if re.fullmatch(r'(ckpt|best)(-\d+)?\.dcp\.tmp', name):
@@ -371,8 +378,14 @@ def read_fields(folder):
 
 def damaged(folder, rank=0, world=1):
     """The files of a sharded checkpoint (this process's share of them) that fail their CRC-32."""
-    sums = sorted(read_checksums(folder).items())
-    return [name for name, crc in sums[rank::world] if crc32(os.path.join(folder, name)) != crc]
+    bad = []
+    for name, crc in sorted(read_checksums(folder).items())[rank::world]:
+        try:
+            if crc32(os.path.join(folder, name)) != crc:
+                bad.append(name)
+        except OSError:  # missing or unreadable: a copy cut short
+            bad.append(f'{name} (unreadable)')
+    return bad
 
 
 def load_sharded(model, optimizer, folder, env):
@@ -386,16 +399,19 @@ def load_sharded(model, optimizer, folder, env):
     if not (env.ddp and not env.fsdp):
         read_shards(model, optimizer, folder, no_dist=not env.ddp)
         return
+    on_every_process(env, f'cannot read {folder}', read_shards, model, optimizer, folder, True,
+                     env.master)  # rank 0's failure known to all before they wait in the broadcast
     full = StateDictOptions(full_state_dict=True)
     whole = {'model': {}, 'optimizer': {}}
     if env.master:
-        read_shards(model, optimizer, folder, no_dist=True)
         whole = {'model': get_model_state_dict(model, options=full),
                  'optimizer': get_optimizer_state_dict(model, optimizer, options=full)}
     load_training_state(model, optimizer, whole, env)
 
 
-def read_shards(model, optimizer, folder, no_dist):
+def read_shards(model, optimizer, folder, no_dist, mine=True):
+    if not mine:
+        return
     state = state_dicts(model, optimizer)  # AdamW's state made (a zero step at lr 0) for DCP to fill
     with warnings.catch_warnings():  # that one process reads it all is the point with no_dist
         warnings.filterwarnings('ignore', 'torch.distributed is disabled')
@@ -428,8 +444,9 @@ def export(out_dir, which='latest', weights_only=False, dtype='float32'):
             raise SystemExit(f'error: {e}') from None
     if weights_only:
         state.pop('optimizer', None)
-        state['model'] = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v
-                          for k, v in state['model'].items()}
+        cast = {}  # by storage: the tied output layer stays one tensor
+        state['model'] = {k: cast.setdefault((v.data_ptr(), v.shape), v.to(getattr(torch, dtype)))
+                          if v.is_floating_point() else v for k, v in state['model'].items()}
     os.makedirs(os.path.join(out_dir, 'export'), exist_ok=True)
     path = os.path.join(out_dir, 'export', f"{which.replace('latest', 'ckpt')}-{state['iter_num']}.pt")
     atomic_write(path, lambda f: torch.save(state, f))

@@ -435,6 +435,13 @@ def test_the_format_saved_last_is_the_run_s_latest(data_dir, tmp_path, capsys):
     state.write_bytes(state.read_bytes()[:100])
     with pytest.raises(ValueError, match='torn.dcp/state.pt fails its CRC-32 check'):
         cluster.read_fields(str(tmp_path / 'torn.dcp'))
+    (tmp_path / 'torn.dcp' / '__1_0.distcp').unlink()  # a copy cut short: named, not a traceback
+    assert cluster.damaged(str(tmp_path / 'torn.dcp')) == ['__1_0.distcp (unreadable)', 'state.pt']
+    for name in ('new', 'final', 'final.old'):  # a stale .old (a file held open on NFS) is no obstacle
+        (tmp_path / name).mkdir()
+        (tmp_path / name / 'shard').write_text(name)
+    cluster.swap_in(str(tmp_path / 'new'), str(tmp_path / 'final'))
+    assert (tmp_path / 'final' / 'shard').read_text() == 'new' and not (tmp_path / 'final.old').exists()
 
 
 def test_kept_and_background_saves_write_what_a_synchronous_run_does(data_dir, tmp_path, monkeypatch):
@@ -547,14 +554,14 @@ sys.exit(train.main(sys.argv[1:]))
 
 @pytest.mark.parametrize('background', [False, True])
 def test_a_rank_failing_after_its_shard_write_ends_every_process(data_dir, tmp_path, background):
-    """A sharded save (now or in the background) that fails on rank 1 after its write: DCP's last step
-    carries the error to both processes, which exit with status 1 within seconds; the shards are not
-    swapped in."""
+    """A sharded save (now under DDP, or in the background under FSDP) that fails on rank 1 after its
+    write: DCP's last step carries the error to both processes, which exit with status 1 within
+    seconds; the shards are not swapped in."""
     (tmp_path / 'fails.py').write_text(SHARD_FAILS)
     out = tmp_path / 'out'
     args = ['--dataset=tiny', f'--data_dir={data_dir}', *TINY, '--max_iters=4', '--eval_interval=2',
             f'--out_dir={out}', '--launcher=srun', '--shard_checkpoints_above=0',
-            f'--async_save={background}']
+            f'--async_save={background}', f'--fsdp={background}']  # DDP's sharded saves: now only
     status, outputs, seconds = srun(str(tmp_path / 'fails.py'), args, free_port())
     assert status == [1, 1], outputs
     later = 'the save of iter 2, in the background, failed: ' if background else ''
@@ -651,6 +658,8 @@ def test_a_weights_only_bf16_export_is_read_everywhere(data_dir, tmp_path, capsy
     assert proc.returncode == 0 and proc.stdout.strip() == f'wrote {path}', proc.stderr
     full, light = (torch.load(p, weights_only=True) for p in (os.path.join(out, 'ckpt.pt'), path))
     assert 'optimizer' not in light and light['iter_num'] == 4
+    tied = light['model']['lm_head.weight'], light['model']['transformer.wte.weight']
+    assert tied[0].data_ptr() == tied[1].data_ptr()  # one tensor, written once
     assert all(light['model'][k].dtype == torch.bfloat16 and torch.equal(
         light['model'][k], full['model'][k].bfloat16()) for k in full['model'])
     assert os.path.getsize(path) < 0.25 * os.path.getsize(os.path.join(out, 'ckpt.pt'))
@@ -683,9 +692,10 @@ sys.exit(train.main(sys.argv[1:]))
 """
 
 
-def test_a_kill_while_swapping_shards_in_keeps_the_previous_ones(data_dir, tmp_path):
-    """kill -9 of rank 0 in the background sharded save, the old ckpt.dcp/ renamed away and the new one
-    not yet in: the next start puts the old one back, clears the new, and resumes from iter 2."""
+def test_a_kill_while_swapping_shards_in_resumes_from_the_whole_new_ones(data_dir, tmp_path):
+    """kill -9 of rank 0 in the background sharded save at iter 4, the old ckpt.dcp/ renamed away and
+    the new, whole one (its checksums.json written) not yet in: the next start puts the new one in, the
+    old one goes, and the run resumes from iter 4."""
     (tmp_path / 'kill.py').write_text(KILL_SHARDS)
     out = str(tmp_path / 'run')
     args = ['--dataset=tiny', f'--data_dir={data_dir}', *TINY, '--max_iters=6', '--eval_interval=2',
@@ -695,6 +705,36 @@ def test_a_kill_while_swapping_shards_in_keeps_the_previous_ones(data_dir, tmp_p
     assert sorted(n for n in os.listdir(out) if 'dcp' in n) == ['best.dcp', 'ckpt.dcp.old', 'ckpt.dcp.tmp']
     proc = torchrun(2, 'train.py', *args)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert f'removing {out}/ckpt.dcp.tmp: left by an interrupted save' in proc.stdout
-    assert 'resuming at iter 2' in proc.stdout
+    assert (f'putting in {out}/ckpt.dcp.tmp as ckpt.dcp: a whole save cut short before its swap'
+            in proc.stdout)
+    assert 'resuming at iter 4' in proc.stdout and not os.path.exists(os.path.join(out, 'ckpt.dcp.old'))
     assert cluster.read_fields(os.path.join(out, 'ckpt.dcp'))['iter_num'] == 6
+
+
+SLOW_SAVE = """
+import os, sys, time
+import annex.cluster
+import train
+real_save = annex.cluster.save_checkpoint
+
+
+def save_checkpoint(state, out_dir, best=False):  # a slow filesystem: longer than step_timeout
+    time.sleep(4)
+    real_save(state, out_dir, best)
+
+
+annex.cluster.save_checkpoint = save_checkpoint
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def test_the_wait_for_a_background_save_outlasts_the_step_timeout(data_dir, tmp_path):
+    """Rank 0 writes for 4 s in the background while the other process waits for it at the end of the
+    run: with step_timeout=1 that wait is under the long timeout, so both finish."""
+    (tmp_path / 'slow.py').write_text(SLOW_SAVE)
+    out = tmp_path / 'out'
+    args = ['--dataset=tiny', f'--data_dir={data_dir}', *TINY, '--max_iters=4', '--eval_interval=2',
+            f'--out_dir={out}', '--launcher=srun', '--async_save=True', '--step_timeout=1']
+    status, outputs, _ = srun(str(tmp_path / 'slow.py'), args, free_port())
+    assert status == [0, 0], outputs
+    assert torch.load(out / 'ckpt.pt', weights_only=True)['iter_num'] == 4
