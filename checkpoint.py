@@ -155,7 +155,8 @@ def save_checkpoint(state, out_dir, best=False):
 
 
 def save_run(model, optimizer, fields, cfg, env, best=False):
-    """Rank 0's ckpt.pt, now (sharded, in the background, kept: annex/cluster.py's save_run)."""
+    """Rank 0's ckpt.pt, now (sharded, in the background, kept: annex/cluster.py's, which returns
+    whether it writes in the background)."""
     state = training_state(model, optimizer, **fields)
     if env.master:
         save_checkpoint(state, cfg.out_dir, best=best)

@@ -19,7 +19,7 @@ def read_log(path, keep):  # the records keep(record) accepts; a torn line is dr
     return [r for r in records if keep(r)]
 
 
-def prepare_run_dir(run, resume, state_bytes, sharded):
+def prepare_run_dir(run, resume, state_bytes):
     """Rank 0's config.json; log.jsonl cut back to the resumed iter or, in a new run, emptied (old
     files gone); the room for checkpoints of state_bytes checked (annex/memory.py)."""
     if not run.writing:
@@ -41,8 +41,9 @@ def prepare_run_dir(run, resume, state_bytes, sharded):
     atomic_write(log_path, lambda f: f.write(''.join(json.dumps(r) + '\n' for r in kept).encode()))
     if config['wandb_log']:
         annex('wandb_log').start(config)
-    memory = annex('memory')
-    problem = memory.check_room(out_dir, state_bytes, gathered=not sharded) if memory else None
+    memory, problem = annex('memory'), None
+    if memory:
+        problem = memory.check_room(out_dir, state_bytes, gathered=not run.env.sharded)
     if problem:  # now, not after hours of training
         raise SystemExit(f'error: {problem}')
 

@@ -160,9 +160,9 @@ def train(cfg, env):
         load_training_state(raw, optimizer if resume else None, ckpt, env)
         del ckpt
     n_params = sum(p.numel() for p in raw.parameters())  # what a checkpoint holds
-    sharded, peak = env.ddp and n_params > cfg.shard_checkpoints_above, cfg.peak_flops
-    saves = checkpoint  # its save_run, or the annex's
-    if sharded or cfg.async_save or cfg.keep_last:
+    env.sharded = env.ddp and n_params > cfg.shard_checkpoints_above  # every process saves its part
+    saves, peak = checkpoint, cfg.peak_flops  # its save_run, or the annex's
+    if env.sharded or cfg.async_save or cfg.keep_last:
         saves = annex('cluster', 'sharded, asynchronous or kept checkpoints')
     if not peak and memory:
         peak = memory.gpu_peak_flops(env.device, env.ptdtype)
@@ -182,7 +182,7 @@ def train(cfg, env):
                           peak_flops=peak, start_iter=state.iter_num,
                           writing=env.master and not cfg.eval_only)  # what the steps share
     on_every_process(env, f'cannot write to {cfg.out_dir}', prepare_run_dir, run, resume,
-                     12 * n_params, sharded)  # fp32 weights and AdamW's moments: room for them
+                     12 * n_params)  # fp32 weights and AdamW's two moments: room for them
     return loop(run, state)
 
 
@@ -336,10 +336,11 @@ def save(run, state, best=False):
     t0 = time.time()
     settle(run)  # the save before: all know how it ended before the next collective
     state.wall_time_s = t0 - run.t0
-    on_every_process(run.env, f'checkpoint at iter {state.iter_num} not saved', run.saves.save_run,
-                     run.raw, run.optimizer, dict(run.saved, **vars(state)), run.cfg, run.env, best)
+    later = on_every_process(run.env, f'checkpoint at iter {state.iter_num} not saved',
+                             run.saves.save_run, run.raw, run.optimizer,
+                             dict(run.saved, **vars(state)), run.cfg, run.env, best)
     log(run, {'event': 'saved', 'iter': state.iter_num, 'seconds': time.time() - t0,
-              'background': run.cfg.async_save})  # the time training waited
+              'background': bool(later)})  # the time training waited
     set_timeout(run.env, run.cfg.step_timeout if state.iter_num > run.start_iter else LONG_TIMEOUT)
 
 

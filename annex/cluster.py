@@ -114,32 +114,34 @@ def build_sharded(model_args, cfg, env):
 def save_run(model, optimizer, fields, cfg, env, best=False):
     """ckpt.dcp/ (a DDP or FSDP run above shard_checkpoints_above parameters) or rank 0's ckpt.pt,
     now or in the background (async_save: the state copied off the GPU now, written as training goes
-    on). At most one save in flight: the last one is waited for first, its error raised here."""
-    wait(env)
-    if env.ddp and sum(p.numel() for p in model.parameters()) > cfg.shard_checkpoints_above:
+    on). Whether it writes in the background. At most one save in flight: train.py waits for the
+    last one first (wait)."""
+    if env.sharded:
         writer = ShardWriter(fields, cfg.out_dir, best, cfg.keep_last, env.rank)
         if env.master:
             shutil.rmtree(writer.path, ignore_errors=True)
         dist.barrier()
         if not (cfg.async_save and env.fsdp):  # DDP's would first copy all of it on every process
             said_briefly(dcp.save, state_dicts(model, optimizer), storage_writer=writer)
-            return
+            return False
         if getattr(env, 'save_group', None) is None:  # its own: the steps' collectives go on
             env.save_group = dist.new_group(backend='gloo', timeout=timedelta(seconds=LONG_TIMEOUT))
         env.pending = fields['iter_num'], dcp.async_save(
             state_dicts(model, optimizer), storage_writer=writer, process_group=env.save_group)
-        return
+        return True
     state = training_state(model, optimizer, **fields)
-    if not env.master:
-        return
     if not cfg.async_save:
-        save_whole(state, cfg.out_dir, best, cfg.keep_last)
-        return
-    if env.device_type != 'cuda':  # CPU tensors are still the live ones: copied, as CUDA's are
-        state = copy.deepcopy(state)
-    pool = ThreadPoolExecutor(1)
-    env.pending = fields['iter_num'], pool.submit(save_whole, state, cfg.out_dir, best, cfg.keep_last)
-    pool.shutdown(wait=False)  # its thread ends with the write
+        if env.master:
+            save_whole(state, cfg.out_dir, best, cfg.keep_last)
+        return False
+    if env.master:  # the others go on as it writes
+        if env.device_type != 'cuda':  # CPU tensors are still the live ones: copied, as CUDA's are
+            state = copy.deepcopy(state)
+        pool = ThreadPoolExecutor(1)
+        env.pending = fields['iter_num'], pool.submit(save_whole, state, cfg.out_dir, best,
+                                                      cfg.keep_last)
+        pool.shutdown(wait=False)  # its thread ends with the write
+    return True
 
 
 def save_whole(state, out_dir, best, keep_last):
@@ -323,35 +325,43 @@ def clear_stale(out_dir):
     for kind in SHARDED:
         folder, single = os.path.join(out_dir, SHARDED[kind]), os.path.join(out_dir, CHECKPOINTS[kind])
         if os.path.isdir(folder) and os.path.isfile(single):
-            older = folder if saved_later(single, folder) else single
+            older = single if shards_are_latest(out_dir, kind) else folder
             print(f'removing {older}: the older of {CHECKPOINTS[kind]} and {SHARDED[kind]}/')
             remove(older)
 
 
-def saved_later(single, folder):  # ckpt.pt saved after ckpt.dcp/ (its state.pt, written last)
+def shards_are_latest(out_dir, which):
+    """Whether ckpt.dcp/ (best.dcp/) is the run's latest (best): there, and saved after ckpt.pt
+    (best.pt) if that is there too (its state.pt, written last, against the file)."""
+    folder, single = os.path.join(out_dir, SHARDED[which]), os.path.join(out_dir, CHECKPOINTS[which])
+    if not os.path.isdir(folder):
+        return False
     state = os.path.join(folder, 'state.pt')
-    return not os.path.exists(state) or os.path.getmtime(single) > os.path.getmtime(state)
+    return not os.path.isfile(single) or (
+        os.path.exists(state) and os.path.getmtime(state) >= os.path.getmtime(single))
+
+
+def export_stem(which):  # export/ckpt-<iter>.pt, export/best-<iter>.pt
+    return CHECKPOINTS[which].removesuffix('.pt')
 
 
 def current_file(out_dir, which='latest'):
     """The file a reader takes from a run saved in shards: its newest export, said how old (ckpt.pt
     where it was saved after the shards)."""
-    folder, single = os.path.join(out_dir, SHARDED[which]), os.path.join(out_dir, CHECKPOINTS[which])
-    if os.path.isfile(single) and saved_later(single, folder):
-        return single
-    stem = CHECKPOINTS[which].split('.')[0]
-    exports = [(int(m[1]), m[0]) for m in map(re.compile(rf'{stem}-(\d+)\.pt').fullmatch,
-                                              os.listdir(os.path.join(out_dir, 'export'))
-                                              if os.path.isdir(os.path.join(out_dir, 'export')) else [])
-               if m]
+    if not shards_are_latest(out_dir, which):
+        return os.path.join(out_dir, CHECKPOINTS[which])
+    folder, exported = os.path.join(out_dir, SHARDED[which]), os.path.join(out_dir, 'export')
+    names = os.listdir(exported) if os.path.isdir(exported) else []
+    pattern = re.compile(rf'{export_stem(which)}-(\d+)\.pt')
+    exports = [(int(m[1]), m[0]) for m in map(pattern.fullmatch, names) if m]
     if not exports:
         raise FileNotFoundError(f'{folder} is in shards: export it first: python annex/cluster.py '
                                 f'export {out_dir} --which={which}')
     at, name = max(exports)
     now = read_fields(folder)['iter_num']
     again = f'; export again for iter {now}' if now > at else ''
-    print(f'reading {out_dir}/export/{name} (iter {at}), exported from {folder} (iter {now}){again}')
-    return os.path.join(out_dir, 'export', name)
+    print(f'reading {exported}/{name} (iter {at}), exported from {folder} (iter {now}){again}')
+    return os.path.join(exported, name)
 
 
 def read_checksums(folder):
@@ -396,7 +406,7 @@ def load_sharded(model, optimizer, folder, env):
     if any_failed(env, bad):
         raise SystemExit(f"error: {folder} is damaged: {', '.join(bad) or 'see the other processes'} "
                          'fail their CRC-32 check. Copy it again, or resume from another checkpoint')
-    if not (env.ddp and not env.fsdp):
+    if not env.ddp or env.fsdp:
         read_shards(model, optimizer, folder, no_dist=not env.ddp)
         return
     on_every_process(env, f'cannot read {folder}', read_shards, model, optimizer, folder, True,
@@ -428,7 +438,7 @@ def export(out_dir, which='latest', weights_only=False, dtype='float32'):
         raise SystemExit(f"error: --which={which!r} --dtype={dtype!r}: use which 'latest' or 'best', "
                          "dtype 'float32' or 'bfloat16'")
     folder, single = os.path.join(out_dir, SHARDED[which]), os.path.join(out_dir, CHECKPOINTS[which])
-    if os.path.isdir(folder) and not (os.path.isfile(single) and saved_later(single, folder)):
+    if shards_are_latest(out_dir, which):
         fields = read_fields(folder)
         del fields['sharded']
         model = build_model(fields['model_args'])
@@ -448,7 +458,7 @@ def export(out_dir, which='latest', weights_only=False, dtype='float32'):
         state['model'] = {k: cast.setdefault((v.data_ptr(), v.shape), v.to(getattr(torch, dtype)))
                           if v.is_floating_point() else v for k, v in state['model'].items()}
     os.makedirs(os.path.join(out_dir, 'export'), exist_ok=True)
-    path = os.path.join(out_dir, 'export', f"{which.replace('latest', 'ckpt')}-{state['iter_num']}.pt")
+    path = os.path.join(out_dir, 'export', f"{export_stem(which)}-{state['iter_num']}.pt")
     atomic_write(path, lambda f: torch.save(state, f))
     return path
 

@@ -96,6 +96,7 @@ def test_sharded_runs_match_one_process_and_resume_exactly(data_dir, tmp_path, m
                 'micro-batch(es)') in proc.stdout
         assert 'recompile_limit' not in proc.stderr and 'cache_size_limit' not in proc.stderr
     assert [r['iter'] for r in records(part, 'stopped')] == [4]
+    assert {r['background'] for r in records(whole, 'saved')} == {mode != 'ddp'}  # DDP's shards: now
     assert not os.path.exists(os.path.join(part, 'ckpt.pt'))  # shards only: ckpt.dcp/
     for event, key in (('step', 'loss'), ('eval', 'val_loss'), ('eval', 'train_loss')):
         a, b, c = records(one, event), records(whole, event), records(part, event)
@@ -277,10 +278,10 @@ def added_peak(save):  # bytes of resident memory a save adds at its peak, from 
 dist.init_process_group('gloo')
 rank, world = dist.get_rank(), dist.get_world_size()
 env = SimpleNamespace(device='cpu', device_type='cpu', world=world, rank=rank, master=rank == 0,
-                      groups=[None], ddp=True)
+                      groups=[None], ddp=True, sharded=True)
 args = dict(block_size=64, vocab_size=4096, n_layer=4, n_head=4, n_embd=384, bias=False)
 cfg = SimpleNamespace(seed=0, compile=False, fsdp_shard=0, fsdp_bf16=False, init_from='scratch',
-                      out_dir=sys.argv[1], shard_checkpoints_above=0, async_save=False, keep_last=0)
+                      out_dir=sys.argv[1], async_save=False, keep_last=0)
 raw = build_sharded(args, cfg, env)
 optimizer = raw.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu')
 get_optimizer_state_dict(raw, optimizer)  # AdamW's moments made, as after a step
@@ -612,11 +613,11 @@ def read_bytes(load):  # bytes this process reads through system calls while it 
 dist.init_process_group('gloo')
 rank, world = dist.get_rank(), dist.get_world_size()
 env = SimpleNamespace(device='cpu', device_type='cpu', world=world, rank=rank, master=rank == 0,
-                      groups=[None], ddp=True, fsdp=False)
+                      groups=[None], ddp=True, fsdp=False, sharded=True)
 args = dict(block_size=64, vocab_size=4096, n_layer=4, n_head=4, n_embd=256, bias=False)
 raw = build_model(args)
 optimizer = raw.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu')
-cfg = SimpleNamespace(out_dir=sys.argv[1], shard_checkpoints_above=0, async_save=False, keep_last=0)
+cfg = SimpleNamespace(out_dir=sys.argv[1], async_save=False, keep_last=0)
 save_run(raw, optimizer, dict(model_args=args, iter_num=0), cfg, env)
 folder = sys.argv[1] + '/ckpt.dcp'
 every = read_bytes(lambda: read_shards(raw, optimizer, folder, no_dist=False))  # each its own copy
