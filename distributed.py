@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from configurator import annex
-from data.common import micro_batches
+from data.common import largest_part, micro_batches
 from model import GPTConfig
 
 LONG_TIMEOUT = 3600  # seconds collectives wait before the first step, and for saves
@@ -40,17 +40,23 @@ def check_train_config(cfg, world):  # before any I/O; sets device, dtype, backe
                          '--out_dir=NEW, --init_from=resume (or auto), or --overwrite=True')
     if cfg.dtype not in ('float32', 'bfloat16'):
         raise SystemExit("error: dtype must be 'float32' or 'bfloat16'")
-    for key in ('eval_interval', 'eval_interval_warmup', 'log_interval', 'eval_iters', 'batch_size',
-                'block_size', 'gradient_accumulation_steps', 'max_iters', 'paper_val'):
+    for key in ('eval_interval', 'eval_interval_warmup', 'log_interval', 'eval_samples',
+                'eval_samples_warmup', 'batch_size', 'block_size', 'gradient_accumulation_steps',
+                'max_iters', 'paper_val'):
         value, least = getattr(cfg, key), (0 if key in ('max_iters', 'paper_val') else 1)
         if value is not None and value < least:  # eval_interval_warmup None: eval_interval's
             raise SystemExit(f'error: {key}={value} must be >= {least}')
     if cfg.wandb_log:
         annex('wandb_log', 'wandb_log=True').check()
-    for n, what in ((cfg.batch_size * cfg.gradient_accumulation_steps,
-                     'samples per step (batch_size x gradient_accumulation_steps)'),
-                    (cfg.eval_iters * cfg.batch_size, 'eval_iters x batch_size eval samples')):
-        if n // world < len(micro_batches(n, world, 0, cfg.batch_size)):  # a share left empty
+    samples = cfg.batch_size * cfg.gradient_accumulation_steps
+    rows = largest_part(samples, world, cfg.batch_size)  # the evals' micro-batches too
+    counts = ((samples, cfg.batch_size,
+               'samples per step (batch_size x gradient_accumulation_steps)'),
+              (cfg.eval_samples, rows, 'eval_samples'),
+              (cfg.eval_samples_warmup, rows, 'eval_samples_warmup'),
+              (cfg.paper_val, rows, 'paper_val windows'))
+    for n, most, what in counts:
+        if n and n // world < len(micro_batches(n, world, 0, most)):  # a share left empty
             raise SystemExit(f'error: the {n} {what} are too few to give each of {world} processes '
                              'the same number of micro-batches; raise them or use fewer processes')
 
@@ -83,15 +89,17 @@ def setup(cfg, stop_signals):  # cfg checked; this process's env, in torchrun's 
     world = int(os.environ.get('WORLD_SIZE', 1))  # torchrun's (srun's made torchrun's)
     check_train_config(cfg, world)
     ddp, rank = 'RANK' in os.environ, int(os.environ.get('RANK', 0))
-    device = cfg.device
+    device, device_id = cfg.device, None
     if ddp:
         if device.startswith('cuda'):  # modulo: Slurm may show a task only its GPU
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0)) % torch.cuda.device_count()}"
             torch.cuda.set_device(device)
+            device_id = torch.device(device)  # NCCL's communicator made now, on this GPU
             os.environ.setdefault('TORCH_FR_BUFFER_SIZE', '2000')  # NCCL's flight recorder: what
             os.environ.setdefault('TORCH_NCCL_DUMP_ON_TIMEOUT', '1')  # each awaited, in out_dir
             os.environ.setdefault('TORCH_FR_DUMP_TEMP_FILE', f'{cfg.out_dir}/nccl_trace_rank_')
-        dist.init_process_group(backend=cfg.backend, timeout=timedelta(seconds=LONG_TIMEOUT))
+        dist.init_process_group(backend=cfg.backend, timeout=timedelta(seconds=LONG_TIMEOUT),
+                                device_id=device_id)
     env = SimpleNamespace(ddp=ddp, fsdp=cfg.fsdp and ddp, rank=rank, world=world, master=rank == 0,
                           device=device, device_type=device.split(':')[0], groups=[None], stop=[],
                           ptdtype=getattr(torch, cfg.dtype), ctx=precision(device, cfg.dtype)[1])

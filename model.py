@@ -135,28 +135,27 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        rep = self.n_head // self.n_kv_head  # GQA: query heads per KV head
+        gqa = self.n_kv_head < self.n_head  # SDPA reads KV head i // rep for query head i: no copy
         p = self.dropout if self.training else 0.0
         if not self.diff:
-            k = k.repeat_interleave(rep, dim=1)
             v = v.view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-            v = v.repeat_interleave(rep, dim=1)
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal)
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal,
+                                               enable_gqa=gqa)
         else:
-            # diff head i reads key pair (2m, 2m+1), value head m, m = i // rep (flashdiff's)
-            k = k.view(B, self.n_kv_head // 2, 2, T, self.head_dim).repeat_interleave(rep, dim=1)
-            k = k.view(B, self.n_head, T, self.head_dim)
+            # diff head i: its maps s = 0, 1 from q heads 2i+s and key 2m+s, value head m = i // rep
+            # (flashdiff's); V's halves apart, as flashdiff (flash kernels want equal head sizes);
+            # each draws its own dropout mask (the reference has none)
             v = v.view(B, T, self.n_kv_head // 2, 2 * self.head_dim).transpose(1, 2)
-            v = v.repeat_interleave(rep, dim=1).repeat_interleave(2, dim=1)  # both maps read v_i
-            # V's halves apart, as flashdiff (flash kernels want equal head sizes); each draws
-            # its own dropout mask (the reference has none)
-            halves = [F.scaled_dot_product_attention(q, k, vh, dropout_p=p, is_causal=self.causal)
-                      for vh in v.split(self.head_dim, dim=-1)]
-            y = torch.cat(halves, dim=-1).view(B, self.n_head // 2, 2, T, 2 * self.head_dim)
+            maps = []
+            for s in (0, 1):
+                halves = [F.scaled_dot_product_attention(q[:, s::2], k[:, s::2], vh, dropout_p=p,
+                                                         is_causal=self.causal, enable_gqa=gqa)
+                          for vh in v.split(self.head_dim, dim=-1)]
+                maps.append(torch.cat(halves, dim=-1))
             lam = (torch.exp(torch.dot(self.lambda_q1.float(), self.lambda_k1.float()))
                    - torch.exp(torch.dot(self.lambda_q2.float(), self.lambda_k2.float()))
                    + self.lambda_init)
-            y = self.subln(y[:, :, 0] - lam.type_as(y) * y[:, :, 1]) * (1 - self.lambda_init)
+            y = self.subln(maps[0] - lam.type_as(maps[0]) * maps[1]) * (1 - self.lambda_init)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -324,11 +323,14 @@ class GPT(nn.Module):
                   {'params': rest, 'weight_decay': 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == 'cuda')
 
-    def estimate_mfu(self, fwdbwd_per_iter, dt, peak):  # PaLM, appendix B; not Diff's 2nd map
+    def estimate_mfu(self, fwdbwd_per_iter, dt, peak):  # PaLM, appendix B
         if not peak:
             return None
         cfg = self.config
-        flops_per_token = 6 * self.get_num_params() + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
+        attention = 12 * cfg.n_layer * cfg.n_embd * cfg.block_size  # QK^T and AV, forward, backward
+        if cfg.attn == 'diff':  # each head's two maps read V of twice the head size: AV's work x 2
+            attention = attention * 3 // 2
+        flops_per_token = 6 * self.get_num_params() + attention
         return flops_per_token * cfg.block_size * fwdbwd_per_iter / dt / peak
 
     @torch.no_grad()

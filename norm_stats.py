@@ -19,12 +19,14 @@ def observe(layer, args):
     if layer.recording:  # when off, the hook's only cost
         with torch.no_grad():
             x = args[0].float()
-            layer.stat_count += x.numel()
-            layer.stat_sum += x.sum()
-            layer.stat_sumsq += x.square().sum()
+            real = torch.arange(len(x), device=x.device) < layer.stat_rows  # not the padding
+            real = real.view(-1, *[1] * (x.dim() - 1))
+            layer.stat_count += real.sum() * x[0].numel()
+            layer.stat_sum += (x * real).sum()
+            layer.stat_sumsq += (x.square() * real).sum()
             if layer.stat_cuts:
                 u = layer.squashed(args[0]).abs()
-                layer.stat_sat += torch.stack([(u > c).sum() for c in layer.stat_cuts])
+                layer.stat_sat += torch.stack([((u > c) & real).sum() for c in layer.stat_cuts])
 
 
 def instrument(model):  # once per layer, before torch.compile (it traces hooks)
@@ -32,6 +34,8 @@ def instrument(model):  # once per layer, before torch.compile (it traces hooks)
         for name, (shape, dtype) in SUMS.items():
             layer.register_buffer(name, torch.zeros(shape, dtype=dtype, device=layer.weight.device),
                                   persistent=False)
+        rows = torch.zeros((), dtype=torch.long, device=layer.weight.device)
+        layer.register_buffer('stat_rows', rows, persistent=False)  # set by real_rows
         layer.stat_cuts = [layer.cut(t) for t in THRESHOLDS] if hasattr(layer, 'squashed') else []
         layer.recording = False
         layer.register_forward_pre_hook(observe)
@@ -44,6 +48,12 @@ def record(model, on=True):  # start recording from zero (on), or stop: the sums
         if on:
             for name in SUMS:
                 getattr(layer, name).zero_()
+    real_rows(model, 2 ** 62)
+
+
+def real_rows(model, n):  # the next forwards record their first n rows: the rest is padding
+    for _, layer in norm_layers(model):
+        layer.stat_rows.fill_(n)
 
 
 def sums(model):  # the buffers of the sums, for an all-reduce

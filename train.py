@@ -19,7 +19,7 @@ import norm_stats
 from checkpoint import (LoopState, build_model, clear_stale, has_ended, load_training_state,
                         starting_checkpoint)
 from configurator import annex, config_keys, configure
-from data.common import derived_seed, micro_batches, open_data
+from data.common import derived_seed, largest_part, micro_batches, open_data, padded
 from distributed import LONG_TIMEOUT, on_every_process, set_timeout, setup
 from evaluate import evaluate
 from run_files import log, log_step, prepare_run_dir, seen, write_summary
@@ -29,7 +29,8 @@ out_dir = 'out'
 eval_interval = 100
 eval_interval_warmup: int | None = None  # this often in warmup (an early best)
 log_interval = 10
-eval_iters = 10  # batches per split per eval (images: all of test)
+eval_samples = 160  # windows (images) per split per eval; images' val: all of test
+eval_samples_warmup: int | None = None  # fewer in warmup, spread over those; None: all
 eval_only = False
 always_save_checkpoint = True  # False: when val loss improves, and at the end
 init_from = 'scratch'  # 'resume' (out_dir's), 'auto' (resume if any), or a run's path: its weights
@@ -146,13 +147,14 @@ def train(cfg, env):
         return 0
     samples = cfg.batch_size * cfg.gradient_accumulation_steps  # a step's, over all processes
     parts = micro_batches(samples, env.world, env.rank, cfg.batch_size)
+    rows = largest_part(samples, env.world, cfg.batch_size)  # every forward's, evals' too
     memory = annex('memory')  # memory plan, GPU peak FLOP/s; None if deleted
     if env.master:  # said before the model can run out of memory
         changed = [f'{k}={v!r}' for k, v in config.items() if v != DEFAULTS[k]]
         print(f'config (all of it in {cfg.out_dir}/config.json): '
               + (', '.join(changed) if changed else 'the defaults'))
         if memory:
-            memory.print_plan(model_args, cfg, env, max(count for _, count in parts))
+            memory.print_plan(model_args, cfg, env, rows)
     raw, model = build(cfg, env, model_args)
     optimizer = raw.configure_optimizers(cfg.weight_decay, cfg.learning_rate,
                                          (cfg.beta1, cfg.beta2), env.device_type)
@@ -169,7 +171,7 @@ def train(cfg, env):
     if env.master:
         print(f'model: {raw.describe()}')
         print(f'global batch: {data.describe(samples)}/step ({env.world} process(es) x '
-              f'{len(parts)} micro-batch(es) of <= {cfg.batch_size}); budget {data.n_train:,} train'
+              f'{len(parts)} micro-batch(es) of {rows}); budget {data.n_train:,} train'
               f' {data.unit} (entropy of the {data.predicted} frequencies {data.entropy:.3f} nats)')
         if resume:
             print(f'resuming at iter {state.iter_num} (best val loss {state.best_val_loss:.4f})')
@@ -178,7 +180,7 @@ def train(cfg, env):
         seed=cfg.seed, train_tokens=data.n_train, block_size=cfg.block_size,
         budget_docs=cfg.budget_docs, eval_seed=EVAL_SEED), tokenizer=meta.get('tokenizer'))
     run = SimpleNamespace(cfg=cfg, env=env, data=data, meta=meta, raw=raw, model=model, saved=saved,
-                          optimizer=optimizer, samples=samples, parts=parts, saves=saves,
+                          optimizer=optimizer, samples=samples, parts=parts, rows=rows, saves=saves,
                           peak_flops=peak, start_iter=state.iter_num,
                           writing=env.master and not cfg.eval_only)  # what the steps share
     on_every_process(env, f'cannot write to {cfg.out_dir}', prepare_run_dir, run, resume,
@@ -257,7 +259,8 @@ def train_batches(run, step):
     while True:
         windows = run.data.draw(run.cfg.seed, step, run.samples)
         for first, count in run.parts:
-            batch = run.data.batch('train', windows[first:first + count], run.env.device)
+            batch = padded(*run.data.batch('train', windows[first:first + count], run.env.device),
+                           run.rows)
             if ahead is not None:
                 yield ahead
             ahead = batch

@@ -106,20 +106,20 @@ def activation_bytes(config, batch_size, dtype=torch.bfloat16, bf16_weights=Fals
 
     def attention():
         qkv = act * (C + 2 * kv)
-        # q is a view of qkv that keeps it whole, unless RoPE turned q into a new tensor. The rotation
-        # itself keeps nothing: cos and sin need no gradient. SDPA puts its output in (B, T, H, hd)
-        # layout when q is a view of qkv, so c_proj's input is the same storage; for a rotated q it is a
-        # copy.
-        q = act * C if config.pos == 'rope' else qkv
+        # q, k and v are views of qkv, which keeps it whole (v does even when RoPE turned q and k into
+        # new tensors); the rotation itself keeps nothing: cos and sin need no gradient. SDPA reads
+        # grouped K and V heads in place (enable_gqa): no copies. It puts its output in (B, T, H, hd)
+        # layout when q is a view of qkv, so c_proj's input is the same storage; for a rotated q it is
+        # a copy.
+        rotated = act * (C + kv) if config.pos == 'rope' else 0
         c_proj_in = act * C if config.pos == 'rope' else 0
-        if config.attn == 'standard':
-            # k and v repeated to n_head heads (a copy, even without GQA); output, lse
-            return q + 2 * act * C + act * C + f32 * H + c_proj_in
-        # Differential: paired k (C), v repeated for both maps (2C), two SDPA outputs and lse's, their
-        # concatenation (2C, kept for lambda's gradient); subln keeps its float32 input and normalised
-        # input (eager only) and 1/rms (H/2 per token); c_proj reads a contiguous copy (C)
+        if config.attn == 'standard':  # output, lse
+            return qkv + rotated + act * C + f32 * H + c_proj_in
+        # Differential: four SDPA outputs (each map's two halves of V: 2C) and their lse's, the second
+        # map (C, kept for lambda's gradient); subln keeps its float32 input and normalised input
+        # (eager only) and 1/rms (H/2 per token); c_proj reads a contiguous copy (C)
         subln = (0 if compile else 2 * f32 * C) + f32 * H // 2
-        return q + act * C + 2 * act * C + 2 * (act * C + f32 * H) + 2 * act * C + subln + act * C
+        return qkv + rotated + 2 * (act * C + f32 * H) + act * C + subln + act * C
 
     mlp = (3 if compile else 4) * act * hidden if config.mlp == 'swiglu' else 2 * act * hidden
     layer = norm(1) + attention() + mask + norm(2 if config.mlp == 'swiglu' else 1) + mlp + mask
@@ -234,6 +234,27 @@ def print_plan(model_args, cfg, env, micro_batch):
                 else None)
     if capacity or plan['total'] > 2 ** 30:
         print('\n'.join(format_memory_plan(plan, capacity)))
+    if not capacity:
+        return
+    samples = cfg.batch_size * cfg.gradient_accumulation_steps
+    most = largest_micro_batch(config, cfg, env, shards, capacity)
+    if most and most > micro_batch:
+        print(f'note: micro-batches of up to {most} fit in 85% of this GPU by the plan: '
+              f'--batch_size={most} --gradient_accumulation_steps={samples // most} trains the same '
+              f'{samples} sequences a step in fewer, faster micro-steps')
+
+
+def largest_micro_batch(config, cfg, env, shards, memory):
+    """The largest batch_size that divides a step's sequences, at most a process's share, whose plan
+    fills at most 85% of `memory` bytes (the rest: what the plan leaves out); None if none does."""
+    samples = cfg.batch_size * cfg.gradient_accumulation_steps
+    for size in range(-(-samples // env.world), 0, -1):
+        if samples % size:
+            continue
+        plan = memory_plan(config, size, shards, env.fsdp, env.ptdtype, cfg.compile)
+        if plan['total'] <= 0.85 * memory:
+            return size
+    return None
 
 
 def checkpoint_bytes(config):

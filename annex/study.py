@@ -446,7 +446,7 @@ def cmd_screen(argv):
     screened = result[kind]
     sat = screened['saturation'][norm_stats.AT_2]
     result.update(saturation=sat, prediction='help' if sat > th else 'hurt')
-    n_windows = cfg['eval_iters'] * cfg['batch_size']
+    n_windows = cfg['eval_samples']
     print(f"\nscreen: {' '.join(train_args)}\n{name} after {steps} steps: saturation {sat:.3f} "
           f"(fraction of {counted} over every {name} layer, {n_windows} fixed train windows); "
           "per layer: "

@@ -130,7 +130,9 @@ class ViT(nn.Module):
         """-> (class logits (B, n_classes), mean cross-entropy or None)."""
         x = self.hidden(images)
         logits = self.head(x[:, 0] if self.cls_token is not None else x.mean(dim=1))
-        return logits, None if targets is None else F.cross_entropy(logits, targets)
+        if targets is None:
+            return logits, None
+        return logits, F.cross_entropy(logits, targets, ignore_index=-1)  # -1: train.py's padding
 
 # -------------------------------------------------------------------------------------------------------
 # CIFAR-10 as train.py reads it

@@ -4,4 +4,5 @@ from config.study import *
 n_layer, n_head, n_embd = 24, 32, 2048
 norm = 'rmsnorm'
 learning_rate = 1e-4
+batch_size, gradient_accumulation_steps = 32, 2  # one 80 GB GPU: 58-63 GB (64 x 1: 92)
 out_dir = 'out/gpt2_1.3b_rmsnorm'

@@ -1,7 +1,7 @@
 # The study's 64m row (Verma 2026, arXiv 2604.23434): LayerNorm, DyT (alpha0 2.0) and Differential
 # Attention at four data budgets, three seeds: 36 runs of 5000 steps with the study's protocol
 # (config/study.py).
-#   python annex/study.py run config/grid_64m.py --nproc=8   # job array: --shard=$SLURM_ARRAY_TASK_ID/4
+#   python annex/study.py run config/grid_64m.py --gpus=0-7 --nproc=1  # a cell a GPU; job array: --shard=i/4
 #   python annex/study.py report out/grid_64m
 # Grid keys (paths relative to the repository root):
 #   scales     {name: train.py config file, or {key: value} overrides on train.py's defaults}

@@ -5,7 +5,7 @@
 # 30 warmup steps, emb_init_std 0.3; the offline pydocs corpus, bytes) for 500 steps: 1.0M tokens seen,
 # i.e. 100 epochs of the 10K budget, 10 of 100K and 0.55 of the whole 1.86M-token split. Keys: see
 # config/grid_64m.py.
-scales = {'mini': dict(max_iters=500, lr_decay_iters=500, eval_interval=50, eval_iters=10,
+scales = {'mini': dict(max_iters=500, lr_decay_iters=500, eval_interval=50, eval_samples=160,
                        log_interval=50)}
 budgets = [10_000, 100_000, None]
 # ln and dyt_a05 (alpha0 0.5, the DyT paper's default) show the flip; dyt is the study's alpha0 2.0,

@@ -7,9 +7,11 @@
 #            --out_dir=out/gpt2_64m_dyt_1M_s42
 dataset = 'wikitext103'
 block_size = 512
-batch_size = 8
-# global: 8 x 8 = 64 sequences = 32,768 tokens per step, whatever the GPU count
-gradient_accumulation_steps = 8
+# global: 64 sequences = 32,768 tokens a step, whatever the GPU count and micro-batch. On one 80 GB GPU
+# 64m to 354m run one micro-batch of 64 (annex/memory.py's plan, compiled, bf16: 18-20 GB at 64m,
+# 23-25 at 124m, 46-50 at 354m); config/gpt2_1.3b_*.py: 2 of 32. Under torchrun a GPU runs its share
+batch_size = 64
+gradient_accumulation_steps = 1
 max_iters = 5000
 learning_rate = 3e-4
 warmup_iters = 2000
@@ -23,6 +25,6 @@ bias = False
 # GPT-2's init, as the study (train.py's small default model uses a larger one: docs/collapse.md)
 emb_init_std = 0.02
 eval_interval = 500
-eval_iters = 50
+eval_samples = 400  # windows per split an eval, whatever the micro-batch
 compile = True
 seed = 1337

@@ -17,7 +17,7 @@ max_iters = 39_063  # 100 epochs: ceil(100 x 50,000 / 128) steps
 lr_decay_iters = 39_063
 # about an epoch: train accuracy on 1,280 fixed train images, val (the test set) on all 10,000
 eval_interval = 391
-eval_iters = 10
+eval_samples = 1280  # train images an eval (val: all of test)
 log_interval = 100
 learning_rate = 1e-3
 min_lr = 0.0

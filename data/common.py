@@ -141,6 +141,18 @@ def micro_batches(n, world, rank, batch_size):  # this rank's (first, count)s, a
     return [(a, b - a) for a, b in zip(bounds, bounds[1:])]
 
 
+def largest_part(n, world, batch_size):  # the rows of micro_batches' largest part, on any rank
+    return -(-(-(-n // world)) // -(-n // (world * batch_size)))
+
+
+def padded(x, y, rows):  # to `rows` rows, one shape for compiled code: the added ones ignored (-1)
+    extra = rows - len(y)
+    if extra == 0:
+        return x, y
+    return (torch.cat([x, x[:1].expand(extra, *x.shape[1:])]),
+            torch.cat([y, y.new_full((extra, *y.shape[1:]), -1)]))
+
+
 class TokenData:  # a step's windows from (seed, step) alone: resumable
     unit, predicted = 'tokens', 'token'
 
@@ -186,7 +198,7 @@ def open_data(cfg, env, eval_seed):  # (meta, data), cfg.vocab_size set; pydocs 
                 prepare()
             if env.ddp:
                 torch.distributed.barrier()
-        meta, eval_count = load_meta(cfg.dataset, cfg.data_dir), cfg.eval_iters * cfg.batch_size
+        meta, eval_count = load_meta(cfg.dataset, cfg.data_dir), cfg.eval_samples
         if meta['kind'] == 'images':
             vit = annex('vit', f'dataset {cfg.dataset!r} (images, for a ViT)')
             return vit.open_images(cfg.dataset, cfg.data_dir, eval_count, eval_seed, cfg.paper_val)

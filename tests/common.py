@@ -125,6 +125,6 @@ def own_folder(d, train, val, meta):
 
 def data_cfg(d, **kw):
     """The keys of train.py's config that open_data reads."""
-    return types.SimpleNamespace(**{**dict(dataset="own", data_dir=d, eval_iters=1, batch_size=2,
+    return types.SimpleNamespace(**{**dict(dataset="own", data_dir=d, eval_samples=2, batch_size=2,
                                            train_tokens=None, budget_docs=None, val_tokens=None,
                                            block_size=4, paper_val=0, vocab_size=None, seed=1), **kw})

@@ -45,8 +45,8 @@ def test_config_gives_the_study_protocol_and_its_model(path, monkeypatch):
     assert (cfg['max_iters'], cfg['warmup_iters'], cfg['lr_decay_iters'], cfg['min_lr']) \
         == (5000, 2000, 600000, 6e-5)
     assert (cfg['beta1'], cfg['beta2'], cfg['weight_decay'], cfg['grad_clip']) == (0.9, 0.95, 0.1, 1.0)
-    assert (cfg['dropout'], cfg['bias'], cfg['dataset'], cfg['eval_interval'], cfg['eval_iters'],
-            cfg['emb_init_std']) == (0.0, False, 'wikitext103', 500, 50, 0.02)
+    assert (cfg['dropout'], cfg['bias'], cfg['dataset'], cfg['eval_interval'], cfg['eval_samples'],
+            cfg['emb_init_std']) == (0.0, False, 'wikitext103', 500, 400, 0.02)
     assert cfg['learning_rate'] == (1e-4 if scale in ('1.3b', '3.78b') else 3e-4)
     assert cfg['fsdp'] == (scale == '3.78b')
     assert (cfg['n_layer'], cfg['n_head'], cfg['n_embd']) == SHAPES[scale]

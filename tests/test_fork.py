@@ -31,7 +31,7 @@ def fork(tmp_path_factory):
     for path in CORE:
         os.makedirs(d / os.path.dirname(path), exist_ok=True)
         shutil.copy(os.path.join(ROOT, path), d / path)
-    (proc,) = run(d, ['train.py', f'--max_iters={STEPS}', '--eval_interval=10', '--eval_iters=2',
+    (proc,) = run(d, ['train.py', f'--max_iters={STEPS}', '--eval_interval=10', '--eval_samples=32',
                       '--log_interval=5'])
     return d, proc
 

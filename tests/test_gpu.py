@@ -26,7 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # 30 steps on the data_dir fixture's learnable stream: the loss falls from ln(64) to about 2.5.
 # Head size 32: the fused attention kernels take it
 RUN = ['--dataset=tiny', '--n_layer=2', '--n_head=2', '--n_embd=64', '--block_size=32', '--batch_size=8',
-       '--max_iters=30', '--eval_interval=30', '--eval_iters=2', '--log_interval=1', '--emb_init_std=0.02']
+       '--max_iters=30', '--eval_interval=30', '--eval_samples=16', '--log_interval=1', '--emb_init_std=0.02']
 CUDA = ['--device=cuda', '--dtype=bfloat16', '--compile=True']  # as the study trains
 # bf16 autocast rounds every matmul's inputs and outputs to 8 significant bits, and each kernel (fused or
 # not, compiled or not) rounds in its own order: the losses of two runs drift apart by rounding. On the
@@ -74,24 +74,27 @@ def test_torchrun_ddp_and_fsdp_on_one_gpu(data_dir, tmp_path, cuda_run, fsdp):
                            f'--out_dir={out}', *CUDA, f'--fsdp={fsdp}'],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert '(1 process(es) x 1 micro-batch(es) of <= 8)' in proc.stdout
+    assert '(1 process(es) x 1 micro-batch(es) of 8)' in proc.stdout
     losses = logged(out)
     assert len(losses) == 30 and all(map(math.isfinite, losses))
     assert losses == pytest.approx(logged(cuda_run), abs=BF16_TOL)
 
 
+@pytest.mark.parametrize('shape', [dict(), dict(n_kv_head=4), dict(n_embd=768)],
+                         ids=['heads of 64', 'GQA', 'heads of 96'])
 @pytest.mark.parametrize('pos', ['learned', 'rope'])
 @pytest.mark.parametrize('attn', ['standard', 'diff'])
 @pytest.mark.parametrize('norm', NORMS)
-def test_every_variant_runs_in_fused_attention_kernels(norm, attn, pos):
+def test_every_variant_runs_in_fused_attention_kernels(norm, attn, pos, shape):
     """Forward and backward in bf16 autocast (train.py's CUDA default) with the flash and memory-efficient
     kernels only: sdpa_kernel raises where neither takes the inputs, rather than falling back to the math
-    kernel, which holds the T x T matrix. Head size 64, GPT-2's; Differential Attention attends with the
-    same head size (each half of V in turn). The math kernel gives the same loss and gradients (on the
-    CPU's flash kernel: within 1e-4 nats, cosines over 0.9999)."""
+    kernel, which holds the T x T matrix. Head size 64, GPT-2's, and 96 (the 3.78b configs'), and
+    grouped K and V heads (enable_gqa); Differential Attention attends with the same head size (each
+    half of V in turn). The math kernel gives the same loss and gradients (on
+    the CPU's flash kernel: within 1e-4 nats, cosines over 0.9999)."""
     torch.manual_seed(0)
-    config = GPTConfig(block_size=256, vocab_size=512, n_layer=2, n_head=8, n_embd=512, bias=False,
-                       norm=norm, attn=attn, pos=pos)
+    config = GPTConfig(**{**dict(block_size=256, vocab_size=512, n_layer=2, n_head=8, n_embd=512,
+                                 bias=False, norm=norm, attn=attn, pos=pos), **shape})
     model = GPT(config).cuda()
     x, y = torch.randint(0, config.vocab_size, (2, 4, config.block_size), device='cuda')
     results = []

@@ -269,7 +269,12 @@ ATTN_CASES = {
 
 
 @pytest.mark.parametrize('case', list(ATTN_CASES))
-def test_attention_matches_naive_reference(case):
+def test_attention_matches_naive_reference(case, monkeypatch):
+    """Grouped-query heads reach K and V through SDPA's enable_gqa: no repeated copy of them."""
+    def copy(*args, **kwargs):
+        raise AssertionError('K or V copied with repeat_interleave')
+    monkeypatch.setattr(torch.Tensor, 'repeat_interleave', copy)
+    monkeypatch.setattr(torch, 'repeat_interleave', copy)
     torch.manual_seed(3)
     cfg = tiny(**ATTN_CASES[case])
     model = randomize(GPT(cfg)).double()
@@ -281,7 +286,7 @@ def test_attention_matches_naive_reference(case):
     rope = (model.rope_cos[:T], model.rope_sin[:T]) if cfg.pos == 'rope' else None
     sd = {k: v.double() for k, v in model.state_dict().items()}
     want = ref_attention(cfg, sd, f'transformer.h.{layer}.attn', x, layer)
-    torch.testing.assert_close(attn(x, rope), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(attn(x, rope), want, rtol=1e-6, atol=1e-6)
 
 
 FULL_CASES = {
@@ -600,6 +605,12 @@ def test_estimate_mfu():
     flops = (6 * N + 12 * 2 * 32 * 16) * 16 * 4  # PaLM: 6N + 12 L d T per token; T tokens x 4 sequences
     assert model.estimate_mfu(4, 0.5, peak=1e9) == pytest.approx(flops / 0.5 / 1e9)
     assert model.estimate_mfu(4, 0.5, None) is None  # unknown peak (a CPU, or no annex/memory.py)
+    # Differential Attention, a layer's forward FLOPs: its n_head maps (2 a diff head) cost the
+    # standard's QK^T (2 T^2 C), but each map reads V of twice the head size: AV is 4 T^2 C, not
+    # 2 T^2 C. Per token, with the backward (x 3): 18 L C T, not 12 L C T
+    diff = GPT(tiny(attn='diff'))
+    flops = (6 * (n_params(diff) - 16 * 32) + 18 * 2 * 32 * 16) * 16 * 4
+    assert diff.estimate_mfu(4, 0.5, peak=1e9) == pytest.approx(flops / 0.5 / 1e9)
 
 
 # -------------------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,12 +17,12 @@ import train
 from checkpoint import clear_stale, load_checkpoint, save_checkpoint
 from configurator import configure
 from distributed import check_train_config
-from data.common import TokenData, micro_batches
+from data.common import TokenData, largest_part, micro_batches, padded
 from tests.common import run_side_by_side
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=4',
-        '--eval_iters=2', '--log_interval=1', '--learning_rate=1e-2', '--warmup_iters=2',
+        '--eval_samples=8', '--log_interval=1', '--learning_rate=1e-2', '--warmup_iters=2',
         '--lr_decay_iters=40', '--min_lr=1e-3', '--emb_init_std=0.02']  # GPT-2's init: losses ~ ln(64)
 
 
@@ -79,24 +80,39 @@ def test_micro_batches_split_a_step_over_any_process_count(n, world, batch_size)
     assert max(shares) - min(shares) <= 1
     # no more micro-batches than the largest share needs
     assert len(parts[0]) == -(-(-(-n // world)) // batch_size)
+    assert largest_part(n, world, batch_size) == max(c for p in parts for _, c in p)  # the one shape
+
+
+def test_padded_rows_are_ignored_by_the_loss():
+    x, y = torch.arange(6).view(2, 3), torch.arange(6).view(2, 3) + 1
+    px, py = padded(x, y, 4)
+    assert torch.equal(px[:2], x) and torch.equal(px[2:], x[:1].expand(2, 3))
+    assert torch.equal(py[:2], y) and (py[2:] == -1).all()  # GPT's ignore_index
+    assert padded(x, y, 2) == (x, y)
 
 
 @pytest.mark.parametrize('config', ['config/gpt2_64m_dyt.py', 'config/gpt2_3.78b_dyt.py'])
 def test_the_readmes_commands_run_on_1_2_8_and_16_processes(config, monkeypatch, tmp_path):
-    """The study's batch (8 x 8 = 64 sequences) and eval windows (50 x 8 = 400) on the process counts of
-    the README's commands: python train.py, a 2-GPU box, torchrun --nproc_per_node=8, two nodes of 8."""
+    """The study's batch (64 sequences: 64 x 1 at 64m, 8 x 8 at 3.78b) and eval windows (400) on the
+    process counts of the README's commands: python train.py, a 2-GPU box, torchrun
+    --nproc_per_node=8, two nodes of 8."""
     monkeypatch.chdir(REPO)
     for world in (1, 2, 8, 16):  # out_dir in tmp_path: a run in the config's out_dir must not matter
         cfg = train_cfg(config, '--device=cpu', f'--out_dir={tmp_path}')
         check_train_config(cfg, world)  # raises SystemExit if the batch or the windows cannot be split
         n = cfg.batch_size * cfg.gradient_accumulation_steps
-        assert n == 64 and cfg.eval_iters * cfg.batch_size == 400
+        assert n == 64 and cfg.eval_samples == 400
         per_rank = [sum(c for _, c in micro_batches(n, world, r, cfg.batch_size)) for r in range(world)]
         assert per_rank == [64 // world] * world  # 64, 32, 8, 4 sequences each
-        assert len(micro_batches(n, world, 0, cfg.batch_size)) == {1: 8, 2: 4, 8: 1, 16: 1}[world]
+        counts = {1: 8, 2: 4, 8: 1, 16: 1} if '3.78b' in config else {1: 1, 2: 1, 8: 1, 16: 1}
+        assert len(micro_batches(n, world, 0, cfg.batch_size)) == counts[world]
     with pytest.raises(SystemExit, match=r'the 64 samples per step \(batch_size x gradient_accumulation'
                                          r'_steps\) are too few to give each of 100 processes'):
         check_train_config(cfg, 100)
+    for key in ('eval_samples', 'eval_samples_warmup'):  # 5 windows for 8 processes: 3 would have none
+        cfg = train_cfg(config, '--device=cpu', f'--out_dir={tmp_path}', f'--{key}=5')
+        with pytest.raises(SystemExit, match=f'the 5 {key} are too few to give each of 8 processes'):
+            check_train_config(cfg, 8)
 
 
 def test_configure_order_and_errors(tmp_path):
@@ -229,7 +245,7 @@ def test_validation_is_the_same_for_every_data_budget(data_dir, tmp_path):
     assert evals[5000][0]['val_loss'] == evals[20000][0]['val_loss']
     model, _ = load_checkpoint(tmp_path / '5000' / 'ckpt.pt')
     tokens = np.fromfile(os.path.join(data_dir, 'train.bin'), dtype=np.uint16).astype(np.int64)
-    # eval_iters x batch_size windows of 17 tokens: the last at 4999 at most
+    # eval_samples windows of 17 tokens: the last at 4999 at most
     starts = np.random.default_rng(1337).integers(0, 5000 - 16, size=2 * 4)
     x = torch.tensor(np.stack([tokens[s:s + 16] for s in starts]))
     y = torch.tensor(np.stack([tokens[s + 1:s + 17] for s in starts]))
@@ -531,7 +547,7 @@ def test_mfu_counts_the_samples_a_process_runs(data_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(train, 'setup', rank_0_of_16)
     peak = 1e12
     assert run(data_dir, str(tmp_path / 'mfu'), '--batch_size=16', '--gradient_accumulation_steps=2',
-               '--eval_iters=1', '--max_iters=3', '--eval_interval=3', f'--peak_flops={peak}') == 0
+               '--eval_samples=16', '--max_iters=3', '--eval_interval=3', f'--peak_flops={peak}') == 0
     n_params = json.load(open(tmp_path / 'mfu' / 'summary.json'))['n_params']
     L, C, T = 2, 32, 16
     for r in records(tmp_path / 'mfu', 'step')[1:]:  # the first step is not timed
@@ -574,3 +590,72 @@ def test_deterministic_runs_repeat_bitwise(data_dir, tmp_path):
         torch.use_deterministic_algorithms(False)
     a, b = (torch.load(os.path.join(out, 'ckpt.pt'), weights_only=True)['model'] for out in outs)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_micro_batch_changes_nothing_but_the_speed(data_dir, tmp_path):
+    """64 sequences a step as 1 x 64 or 8 x 8 and 40 eval windows (one padded micro-batch of 64 rows,
+    or 5 of 8): the same step and eval losses, accuracies, saturation and norm input spread (fp32
+    sums in another order: 1e-5); 10 windows in warmup (spread over the 40), all 40 after."""
+    args = ['--max_iters=4', '--eval_interval=2', '--warmup_iters=2', '--eval_samples=40',
+            '--norm=dyt', '--dyt_alpha=2.0', '--emb_init_std=0.5']  # saturated in part
+    logs = {}
+    for batch, steps in ((64, 1), (8, 8)):
+        out = str(tmp_path / f'{batch}x{steps}')
+        assert run(data_dir, out, *args, f'--batch_size={batch}',
+                   f'--gradient_accumulation_steps={steps}', '--eval_samples_warmup=10') == 0
+        logs[batch] = records(out, 'step'), records(out, 'eval')
+    (steps_a, evals_a), (steps_b, evals_b) = logs[64], logs[8]
+    assert [r['loss'] for r in steps_a] == pytest.approx([r['loss'] for r in steps_b], abs=1e-5)
+    for a, b in zip(evals_a, evals_b, strict=True):
+        for key in ('train_loss', 'val_loss', 'train_acc', 'val_acc'):
+            assert a[key] == pytest.approx(b[key], abs=1e-5)
+        assert a['saturation'] == pytest.approx(b['saturation'], abs=1e-6) and a['saturation'][0] > 0.01
+        for name, layer in a['norm_layers'].items():
+            assert layer['input_std'] == pytest.approx(b['norm_layers'][name]['input_std'], rel=1e-5)
+        assert a['seconds'] > 0
+    full = str(tmp_path / 'full')  # no warmup subset: the same evals after warmup, not before
+    assert run(data_dir, full, *args, '--batch_size=8', '--gradient_accumulation_steps=8') == 0
+    (first, *later), (first_all, *later_all) = evals_b, records(full, 'eval')
+    assert first['val_loss'] != pytest.approx(first_all['val_loss'], abs=1e-4)
+    assert [r['val_loss'] for r in later] == pytest.approx([r['val_loss'] for r in later_all], abs=1e-6)
+
+
+EAGER_COMPILE = """
+import functools, sys
+import torch
+import train
+torch.compile = functools.partial(torch.compile, backend='eager')  # dynamo's guards, no inductor
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def test_compiled_ddp_builds_one_graph_for_training_and_one_for_eval(data_dir, tmp_path):
+    """Static shapes: on 2 processes, 9 eval windows (shares of 4 and 5), 5 in warmup, 3 sequences a
+    process a step: every forward runs 3 rows (padded; before, micro-batches of 2 and 3 made the
+    batch size symbolic) and the norm statistics do not change the graph. TORCH_LOGS=recompiles: each
+    compiled frame recompiles once, for grad mode (training after eval), and never again. The losses
+    are one eager process's (1e-5). Dynamo's guards with its eager backend: inductor adds only time."""
+    script = tmp_path / 'eager_compile.py'
+    script.write_text(EAGER_COMPILE)
+    args = ['--dataset=tiny', f'--data_dir={data_dir}', *TINY, '--batch_size=3',
+            '--gradient_accumulation_steps=2', '--eval_samples=9', '--eval_samples_warmup=5',
+            '--max_iters=6', '--eval_interval=2', '--warmup_iters=3', '--norm=dyt']
+    one, two = str(tmp_path / 'one'), str(tmp_path / 'two')
+    assert train.main(args + [f'--out_dir={one}']) == 0
+    proc = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone',
+                           '--nproc_per_node=2', str(script), *args, '--compile=True',
+                           f'--out_dir={two}'], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO,
+                                   TORCH_LOGS='recompiles'))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for rank in (0, 1):
+        lines = [line for line in proc.stderr.splitlines() if line.startswith(f'[rank{rank}]')]
+        frames = [line.split('Recompiling function ')[1].split()[0] for line in lines
+                  if 'Recompiling function' in line]
+        reasons = [line for line in lines if re.search(r'\] +- \d+/\d+: ', line)]
+        assert 'forward' in frames and len(frames) == len(set(frames))  # each frame once
+        assert len(reasons) == len(frames) and all('grad_mode' in r for r in reasons), reasons
+    for event, key in (('step', 'loss'), ('eval', 'val_loss'), ('eval', 'train_loss')):
+        a, b = records(one, event), records(two, event)
+        assert len(a) == len(b) > 0 and [r[key] for r in a] == pytest.approx([r[key] for r in b],
+                                                                             abs=1e-5)

@@ -25,7 +25,7 @@ from tests.common import tiny
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=4',
-        '--eval_iters=2', '--log_interval=1', '--learning_rate=1e-2', '--warmup_iters=2',
+        '--eval_samples=8', '--log_interval=1', '--learning_rate=1e-2', '--warmup_iters=2',
         '--lr_decay_iters=40', '--min_lr=1e-3',
         '--emb_init_std=0.02']  # GPT-2's init: losses near ln(64), so 1 and 2 processes agree to 1e-5
 ENV = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO)
@@ -189,7 +189,7 @@ def test_srun_starts_one_process_per_task(data_dir, tmp_path):
             f'--out_dir={out}', '--launcher=srun']
     status, outputs, _ = srun('train.py', args, free_port())
     assert status == [0, 0], outputs
-    assert '(2 process(es) x 1 micro-batch(es) of <= 4)' in outputs[0]
+    assert '(2 process(es) x 1 micro-batch(es) of 2)' in outputs[0]
     assert 'global batch' not in outputs[1]
     assert json.load(open(os.path.join(out, 'summary.json')))['status'] == 'finished'
 
@@ -574,13 +574,14 @@ def test_a_rank_failing_after_its_shard_write_ends_every_process(data_dir, tmp_p
 
 def test_ddp_gets_the_one_gpu_a_slurm_task_sees(data_dir, tmp_path, monkeypatch):
     """srun with one GPU per task: rank 3 sees one device, cuda:0; setup puts it there and DDP wraps
-    the model on it (no device_ids of another ordinal). CUDA mocked: none here."""
+    the model on it (no device_ids of another ordinal), and the process group is bound to it
+    (device_id: NCCL's communicator made at once, on that GPU). CUDA mocked: none here."""
     monkeypatch.setattr(os, 'environ', dict(os.environ, RANK='3', LOCAL_RANK='3', WORLD_SIZE='4'))
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 1)
-    chosen, wrapped, moved = [], [], []
+    chosen, wrapped, moved, groups = [], [], [], []
     monkeypatch.setattr(torch.cuda, 'set_device', chosen.append)
-    monkeypatch.setattr(train.dist, 'init_process_group', lambda **kw: None)
+    monkeypatch.setattr(train.dist, 'init_process_group', lambda **kw: groups.append(kw))
     monkeypatch.setattr(torch.nn.Module, 'to', lambda self, device: moved.append(device) or self)
     monkeypatch.setattr(torch.nn.parallel, 'DistributedDataParallel',
                         lambda module, **kw: wrapped.append(kw) or module)
@@ -589,6 +590,7 @@ def test_ddp_gets_the_one_gpu_a_slurm_task_sees(data_dir, tmp_path, monkeypatch)
         f'--data_dir={data_dir}', *TINY], train.OPTIONAL_TYPES))
     env = train.setup(cfg, ())
     assert env.device == 'cuda:0' and chosen == ['cuda:0'] and env.world == 4 and env.rank == 3
+    assert [(g['device_id'], g['backend']) for g in groups] == [(torch.device('cuda', 0), 'nccl')]
     train.build(cfg, env, dict(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=64))
     assert moved == ['cuda:0'] and len(wrapped) == 1 and wrapped[0].get('device_ids') in (None, [0])
 

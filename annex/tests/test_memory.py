@@ -19,6 +19,7 @@ import train
 from annex import memory
 from annex.memory import (activation_bytes, checkpoint_bytes, format_memory_plan, gpu_peak_flops,
                           memory_plan, param_count, peak_flops)
+from configurator import run_config_file
 from model import GPT, GPTConfig
 from tests.test_train import records, run
 
@@ -288,11 +289,33 @@ def test_memory_plan_printed_for_a_big_run(data_dir, tmp_path, capsys, monkeypat
     monkeypatch.setattr(memory, 'memory_plan', plan)  # memory.print_plan decides what train.py prints
     assert train.main(['--dataset=tiny', f'--data_dir={data_dir}', f'--out_dir={tmp_path / "big"}',
                        '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=4',
-                       '--eval_iters=2', '--max_iters=0', '--gradient_accumulation_steps=3']) == 0
+                       '--eval_samples=8', '--max_iters=0', '--gradient_accumulation_steps=3']) == 0
     config, micro, world, fsdp, dtype, compiled = seen[0]
     assert (config.n_embd, config.vocab_size, micro, world, fsdp, dtype, compiled) == (
         32, 64, 4, 1, False, torch.float32, False)
     assert 'memory per process (estimate' in capsys.readouterr().out
+
+
+def test_the_plan_suggests_the_largest_micro_batch_that_fits(capsys, monkeypatch):
+    """The study's 64m on one GPU as 8 x 8: on a 16 GB card the plan (9.8 GB at 32, 18.4 GB at 64:
+    docs/memory.md) fits micro-batches of 32 in 85%, so train.py says how to run 2 of 32 instead; on 8
+    processes each runs its 8 already: no note."""
+    study = run_config_file(os.path.join(REPO, 'config/gpt2_64m_ln.py'))
+    model_args = {k: study[k] for k in ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias')}
+    model_args['vocab_size'] = 50304
+    cfg = train.SimpleNamespace(**dict(train.DEFAULTS, batch_size=8, gradient_accumulation_steps=8,
+                                       compile=True))
+    monkeypatch.setattr(torch.cuda, 'get_device_properties',
+                        lambda device: train.SimpleNamespace(total_memory=16e9))
+    env = train.SimpleNamespace(world=1, fsdp=False, device='cuda:0', device_type='cuda',
+                                ptdtype=torch.bfloat16)
+    memory.print_plan(model_args, cfg, env, 8)
+    out = capsys.readouterr().out
+    assert 'of 14.90 GiB' in out and 'note: micro-batches of up to 32 fit' in out
+    assert '--batch_size=32 --gradient_accumulation_steps=2 trains the same 64 sequences' in out
+    env.world = 8
+    memory.print_plan(model_args, cfg, env, 8)
+    assert 'note: micro-batches' not in capsys.readouterr().out
 
 
 def free_port():

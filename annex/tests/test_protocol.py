@@ -92,7 +92,7 @@ def test_train_py_trains_on_the_budget_docs_subset(tmp_path):
     d = own_folder(tmp_path / "docs", flat, flat[:2000], {"tokenizer": "byte", "vocab_size": 60, "eot": 59})
     out, n = tmp_path / "out", 3000
     assert train_py.main(["--dataset=docs", f"--data_dir={d}", f"--out_dir={out}", "--n_layer=1",
-                          "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--eval_iters=2",
+                          "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=4", "--eval_samples=8",
                           "--max_iters=2", "--compile=False", "--device=cpu", f"--train_tokens={n}",
                           "--budget_docs=3"]) == 0
     subset = np.array(expected_budget(docs, n, 3)[0])

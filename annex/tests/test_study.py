@@ -27,7 +27,7 @@ from run_files import read_log
 from tests.common import run_side_by_side
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, eval_iters=2, log_interval=1,
+TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, batch_size=4, eval_samples=8, log_interval=1,
             learning_rate=1e-2, warmup_iters=2, lr_decay_iters=40, min_lr=1e-3)
 
 
@@ -604,8 +604,8 @@ def test_the_repositorys_grids(monkeypatch):
     for cell in cells:
         cfg = configure(train.DEFAULTS, cell['args'], train.OPTIONAL_TYPES)
         batch = cfg['batch_size'] * cfg['gradient_accumulation_steps']
-        assert (cfg['data_dir'], cfg['paper_val'], batch, cfg['eval_iters']) == (
-            'data/wikitext103/paper', 3200, 64, 50)  # 3200 = the study's 50 batches of 64
+        assert (cfg['data_dir'], cfg['paper_val'], batch, cfg['eval_samples']) == (
+            'data/wikitext103/paper', 3200, 64, 400)  # 3200 = the study's 50 batches of 64
     grid, cells = study.load_grid('config/grid_mini.py')
     assert (len(grid['budgets']) >= 3 and {'ln', 'dyt'} <= set(grid['variants'])
             and len(grid['seeds']) >= 2)
@@ -686,7 +686,7 @@ def test_screen_of_a_derf_run(tmp_path, data_dir, capsys, monkeypatch):
     assert ('Derf after 6 steps: saturation' in out and 'Derf expected to' in out
             and 'fraction of |erf(alpha x + s)| > tanh(2) over every Derf layer' in out
             and 'untested on Derf' in out and 'DyT after' not in out)
-    # the same fractions from the checkpoint: its norm layers' inputs on the 8 (eval_iters x batch_size)
+    # the same fractions from the checkpoint: its norm layers' inputs on the 8 (eval_samples)
     # windows train.py evaluates on, erf taken here
     model, _ = load_checkpoint(root / 'derf' / 'ckpt.pt')
     tokens = torch.from_numpy(np.fromfile(os.path.join(data_dir, 'train.bin'), dtype=np.uint16)[:5000]

@@ -31,7 +31,7 @@ from model import GPT, GPTConfig
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN_PER_BATCH, TEST_IMAGES = 40, 60  # 5 train batches: 200 train images
 TINY = ['--n_layer=2', '--n_head=2', '--n_embd=32', '--patch_size=8', '--batch_size=20',
-        '--eval_iters=2', '--eval_interval=10', '--log_interval=5', '--learning_rate=1e-2',
+        '--eval_samples=40', '--eval_interval=10', '--log_interval=5', '--learning_rate=1e-2',
         '--warmup_iters=0', '--lr_decay_iters=40', '--min_lr=3e-4', '--weight_decay=0.05',
         '--emb_init_std=0.02', '--bias=True']
 
@@ -97,7 +97,7 @@ def test_the_real_format_loads_with_its_shapes_labels_and_channel_order(cifar):
 
 def test_image_data_dims_entropy_and_normalisation(cifar):
     folder, images = cifar
-    cfg = SimpleNamespace(dataset='cifar10', data_dir=str(folder), eval_iters=2, batch_size=8,
+    cfg = SimpleNamespace(dataset='cifar10', data_dir=str(folder), eval_samples=16, batch_size=8,
                           paper_val=0)
     # train.py's data: images, by meta.json's kind; 2 x 8 eval images
     meta, data = open_data(cfg, SimpleNamespace(master=True, ddp=False), 1337)
@@ -389,7 +389,7 @@ def test_torchrun_two_processes_match_one(cifar, tmp_path):
                           capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=REPO))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert 'global batch: 21 images/step (2 process(es) x 2 micro-batch(es) of <= 7)' in proc.stdout
+    assert 'global batch: 21 images/step (2 process(es) x 2 micro-batch(es) of 6)' in proc.stdout
     for event, key in (('step', 'loss'), ('eval', 'val_loss'), ('eval', 'train_loss'),
                        ('eval', 'val_acc')):
         a, b = records(one, event), records(two, event)
