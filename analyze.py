@@ -20,7 +20,8 @@ import torch
 import norm_stats
 from checkpoint import checkpoint_file, load_checkpoint
 from configurator import annex, configure, split_args
-from data.common import DataError, data_budget, load_meta, load_split, random_windows, write_json
+from data.common import (DataError, data_budget, entropy_of, load_meta, load_split, random_windows,
+                         write_json)
 from distributed import pick_device
 
 MEASURES = ("saturation", "spectra", "rank", "alpha")
@@ -39,30 +40,20 @@ def fit_powerlaw(evals):  # WeightWatcher's fit of an ESD's tail (Clauset et al.
     if N < 3:
         return None
     logx = np.log(x)
-    cand = np.arange(N - 1)
-    n = (N - cand).astype(np.float64)
+    n = np.arange(N, 1, -1, dtype=np.float64)  # the tail's size for each candidate xmin x[c]
     tail_log_sum = np.cumsum(logx[::-1])[::-1][:-1]
     with np.errstate(divide="ignore", invalid="ignore"):
         alphas = 1 + n / (tail_log_sum - n * logx[:-1])
-    ok = np.isfinite(alphas) & (alphas > 1)  # a tail of equal values has no fit: D stays 1
-    Ds = np.ones(N - 1)
-    j = np.arange(N)
-    step = max(1, 2_000_000 // N)  # bounds the (candidates x points) grid
-    for s in range(0, N - 1, step):
-        c = cand[s:s + step, None]
-        a = np.where(ok[s:s + step], alphas[s:s + step], 2.0)[:, None]
-        log_ratio = np.maximum(logx[None, :] - logx[c], 0.0)  # points below xmin: masked below
-        gap = np.abs(1 - np.exp((1 - a) * log_ratio) - (j - c) / n[c])  # empirical CDF: k/n
-        gap[j[None, :] < c] = 0.0
-        Ds[s:s + step] = np.where(ok[s:s + step], gap.max(axis=1), 1.0)
+    Ds = np.ones(N - 1)  # a tail of equal values has no fit: D stays 1
+    for c in np.flatnonzero(np.isfinite(alphas) & (alphas > 1)):
+        cdf = 1 - np.exp((1 - alphas[c]) * (logx[c:] - logx[c]))  # the fit's, from xmin = x[c] up
+        Ds[c] = np.abs(cdf - np.arange(N - c) / n[c]).max()  # against the empirical CDF: k/n
     b = int(np.argmin(Ds))
     return dict(alpha=float(alphas[b]), xmin=float(x[b]), D=float(Ds[b]), num_tail=int(n[b]))
 
 
 def effective_rank(s):  # Roy & Vetterli (2007): exp(entropy of the normalised singular values)
-    s = np.asarray(s, dtype=np.float64)
-    p = s[s > 0] / s.sum()
-    return float(np.exp(-(p * np.log(p)).sum()))
+    return float(np.exp(entropy_of(np.asarray(s, dtype=np.float64))))
 
 
 def float64_device(device):  # float64 work's: the device, but not MPS (no float64)
@@ -195,7 +186,7 @@ def analyze(path, command, opts):  # its figures (the JSON) and eigenvalues (plo
         fs = forward_stats(model, windows, opts["batch_size"], block_ranks="rank" in want)
         ns = fs["norm"]
     if "saturation" in want:
-        at_2 = ns["saturation"][ns["thresholds"].index(HEADLINE_T)] if ns["saturation"] else None
+        at_2 = ns["saturation"][norm_stats.AT_2] if ns["saturation"] else None
         res["saturation"] = {"thresholds": ns["thresholds"], "global": ns["saturation"],
                              "layers": ns["layers"], "global_at_2": at_2}
     if "alpha" in want and alpha:  # the DyT paper's check; `all` without annex/alpha.py skips it
@@ -250,8 +241,8 @@ def report(results, labels):
             th = sat[0]["thresholds"]
             rows = rows_by_name([dict(zip([f"global t={t:g}" for t in th], s["global"] or ()))
                                  for s in sat], lambda v: fmt(v, ".3f"))
-            rows += rows_by_name(layers, lambda l: fmt(
-                l["saturation"][th.index(HEADLINE_T)], ".3f") if l["saturation"] else "-")
+            rows += rows_by_name(layers, lambda l: fmt(l["saturation"][norm_stats.AT_2], ".3f")
+                                 if l["saturation"] else "-")
             print_table(f"saturation: fraction of |alpha*x| > t, Derf's |erf| > tanh(t) (layers at "
                         f"t={HEADLINE_T:g}); {w['count']} train windows of {w['block_size']} "
                         f"tokens, seed {w['seed']}", labels, rows)

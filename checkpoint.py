@@ -155,8 +155,7 @@ def save_checkpoint(state, out_dir, best=False):
 
 
 def save_run(model, optimizer, fields, cfg, env, best=False):
-    """Rank 0's ckpt.pt, now (sharded, in the background, kept: annex/cluster.py's, which returns
-    whether it writes in the background)."""
+    """Rank 0's ckpt.pt, now (sharded, in the background or kept: annex/cluster.py's save_run)."""
     state = training_state(model, optimizer, **fields)
     if env.master:
         save_checkpoint(state, cfg.out_dir, best=best)
