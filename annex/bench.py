@@ -9,9 +9,12 @@ torch.compile are set as train.py sets them, so that the figures mean what train
         --compile=True
     python annex/bench.py --vit=True --batch_size=128  # config/vision.py's ViT, in images/s
     python annex/bench.py --gpu_report=True  # CUDA: tokens/s and MFU at the study's 64m and 124m shapes
+    python annex/bench.py --gpu_report=True --report_eager=True --report_scales=64m \\
+        --report_json=rows.jsonl  # eager rows too, the 64m shape only, each row also as JSON
     python annex/bench.py --help          # this text, then the keys and their defaults
 """
 import gc
+import json
 import os
 import sys
 import time
@@ -24,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)  # run as annex/bench.py
-from annex.memory import gpu_peak_flops  # noqa: E402
+from annex.memory import gpu_peak_flops, memory_plan  # noqa: E402
 from annex.vit import ViT, ViTConfig  # noqa: E402
 from configurator import config_keys, configure, run_config_file  # noqa: E402
 from distributed import pick_device, precision  # noqa: E402
@@ -45,9 +48,12 @@ dtype: str | None = None  # 'float32' or 'bfloat16' (autocast); None = bfloat16 
 compile = False  # torch.compile each model before timing
 # True: the study's ViT (6 layers, 4 heads, width 256, 4x4 patches of 32x32 images) per norm instead
 vit = False
-# True (CUDA only): REPORT_VARIANTS compiled, in tokens/s and MFU, at the shapes, block sizes and
-# micro-batches of REPORT_CONFIGS (the shape keys above are not used)
+# True (CUDA only): REPORT_VARIANTS compiled, in tokens/s, MFU and a step's peak memory, at the
+# shapes, block sizes and micro-batches of REPORT_CONFIGS (the shape keys above are not used)
 gpu_report = False
+report_scales = '64m,124m'  # gpu_report: these of REPORT_CONFIGS, comma-separated, in this order
+report_eager = False  # gpu_report: each shape's variants eager too, before compiled
+report_json: str | None = None  # gpu_report: each row also as a JSON line appended here
 # -------------------------------------------------------------------------------------------------------
 DEFAULTS, OPTIONAL_TYPES = config_keys(globals())
 ATTNS = ('standard', 'diff')
@@ -121,37 +127,74 @@ def median_step_times(models, x, y, ctx, sync, steps, warmup):
     return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
 
 
-def print_gpu_report(cfg, dev, dtype, ctx):
-    """A markdown table: tokens/s and MFU of REPORT_VARIANTS, and of LayerNorm wrapped in DDP before
-    compile, at each of REPORT_CONFIGS' shapes, with its block size, micro-batch and GPT-2's
-    vocabulary."""
+def step_peaks(models, x, y, ctx):
+    """The bytes one forward+backward of each model adds at its peak, from a start where no model
+    holds gradients: a step of each alone, after the timed ones (compiled and warmed up)."""
+    for model in models.values():
+        model.zero_grad(set_to_none=True)
+    peaks = {}
+    for name, model in models.items():
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        median_step_times({name: model}, x, y, ctx, torch.cuda.synchronize, 1, 0)
+        peaks[name] = torch.cuda.max_memory_allocated() - base
+        model.zero_grad(set_to_none=True)
+    return peaks
+
+
+def gpu_report_rows(cfg, dev, dtype, ctx, peak):
+    """A dict per shape, mode and variant, as measured: tokens/s, MFU (against `peak` FLOP/s), and
+    the GiB a step adds at its peak next to what annex/memory.py's memory_plan counts for it (its
+    total less the weights, there before the step, and AdamW's moments: no optimizer here)."""
     gpu = torch.device(dev).index or 0  # 'cuda': the first GPU
-    torch.cuda.set_device(gpu)  # NCCL's and DDP's
-    dist.init_process_group('nccl', store=dist.HashStore(), rank=0, world_size=1)  # DDP of one process
-    peak = gpu_peak_flops(dev, dtype)  # train.py's; None for a GPU not in annex/memory.py's table
-    print(f"{torch.cuda.get_device_name(dev)}, {dtype}, compiled; median of {cfg['steps']} steps after "
-          f"{cfg['warmup']} warm-up, the variants taking turns; MFU against "
-          + (f'{peak / 1e12:,.0f} TFLOP/s' if peak else "no known peak (annex/memory.py's PEAK_TFLOPS)"))
-    print('| shape | variant | tokens/s | MFU |\n|---|---|---|---|')
-    for scale, path in REPORT_CONFIGS.items():
-        study = run_config_file(os.path.join(REPO, path))
+    for scale in cfg['report_scales'].split(','):
+        study = run_config_file(os.path.join(REPO, REPORT_CONFIGS[scale]))
         shape = {k: study[k] for k in ('n_layer', 'n_head', 'n_embd', 'block_size', 'bias')}
         B, T = study['batch_size'], study['block_size']
-        raw = {name: GPT(GPTConfig(**shape, **kw)) for name, kw in REPORT_VARIANTS.items()}
-        raw[DDP_VARIANT] = GPT(GPTConfig(**shape))
-        raw = {name: model.to(dev).train() for name, model in raw.items()}
-        ddp = DDP(raw[DDP_VARIANT], device_ids=[gpu], broadcast_buffers=False)
-        models = {**raw, DDP_VARIANT: ddp}
+        label = f"{scale} ({shape['n_layer']}x{shape['n_head']}x{shape['n_embd']}, {B}x{T} tokens)"
         x, y = torch.randint(0, GPTConfig.vocab_size, (2, B, T), device=dev)
-        times = median_step_times(compiled(models), x, y, ctx, torch.cuda.synchronize, cfg['steps'],
-                                  cfg['warmup'])
-        for name, dt in times.items():
-            mfu = raw[name].estimate_mfu(B, dt, peak)
-            print(f"| {scale} ({shape['n_layer']}x{shape['n_head']}x{shape['n_embd']}, {B}x{T} tokens) "
-                  f"| {name} | {B * T / dt:,.0f} | {'-' if mfu is None else f'{mfu:.1%}'} |", flush=True)
-        del raw, models, ddp
-        gc.collect()  # this shape's models freed before the next shape's, and before the process group
-        torch.cuda.empty_cache()
+        configs = {name: GPTConfig(**shape, **kw) for name, kw in REPORT_VARIANTS.items()}
+        configs[DDP_VARIANT] = GPTConfig(**shape)
+        for compiling in (False, True) if cfg['report_eager'] else (True,):
+            raw = {name: GPT(config).to(dev).train() for name, config in configs.items()}
+            ddp = DDP(raw[DDP_VARIANT], device_ids=[gpu], broadcast_buffers=False)
+            models = {**raw, DDP_VARIANT: ddp}
+            if compiling:
+                models = compiled(models)
+            times = median_step_times(models, x, y, ctx, torch.cuda.synchronize, cfg['steps'],
+                                      cfg['warmup'])
+            peaks = step_peaks(models, x, y, ctx)
+            for name, dt in times.items():
+                plan = memory_plan(configs[name], B, 1, False, dtype, compiling)
+                step_plan = plan['total'] - plan['parameters'] - plan['optimizer']
+                yield dict(shape=label, mode='compiled' if compiling else 'eager', variant=name,
+                           tokens_per_s=B * T / dt, mfu=raw[name].estimate_mfu(B, dt, peak),
+                           step_peak_gib=peaks[name] / 2**30, step_plan_gib=step_plan / 2**30)
+            del raw, models, ddp
+            gc.collect()  # these models freed before the next set's, and before the process group
+            torch.cuda.empty_cache()
+
+
+def print_gpu_report(cfg, dev, dtype, ctx):
+    """A markdown table of gpu_report_rows: REPORT_VARIANTS, and LayerNorm wrapped in DDP before
+    compile, at each of REPORT_CONFIGS' shapes, with its block size, micro-batch and GPT-2's
+    vocabulary."""
+    torch.cuda.set_device(torch.device(dev).index or 0)  # NCCL's and DDP's
+    dist.init_process_group('nccl', store=dist.HashStore(), rank=0, world_size=1)  # DDP of one process
+    peak = gpu_peak_flops(dev, dtype)  # train.py's; None for a GPU not in annex/memory.py's table
+    modes = 'eager, then compiled' if cfg['report_eager'] else 'compiled'
+    print(f"{torch.cuda.get_device_name(dev)}, {dtype}, {modes}; median of {cfg['steps']} steps "
+          f"after {cfg['warmup']} warm-up, the variants taking turns; MFU against "
+          + (f'{peak / 1e12:,.0f} TFLOP/s' if peak else "no known peak (annex/memory.py's PEAK_TFLOPS)"))
+    print('| shape | mode | variant | tokens/s | MFU | a step\'s peak / plan (GiB) |\n'
+          '|---|---|---|---|---|---|')
+    for row in gpu_report_rows(cfg, dev, dtype, ctx, peak):
+        mfu = '-' if row['mfu'] is None else f"{row['mfu']:.1%}"
+        print(f"| {row['shape']} | {row['mode']} | {row['variant']} | {row['tokens_per_s']:,.0f} | "
+              f"{mfu} | {row['step_peak_gib']:.2f} / {row['step_plan_gib']:.2f} |", flush=True)
+        if cfg['report_json']:
+            with open(cfg['report_json'], 'a') as f:
+                f.write(json.dumps(row) + '\n')
     dist.destroy_process_group()
 
 
@@ -163,6 +206,10 @@ def main(argv):
         GPTConfig(**shape)  # the architecture's own checks, with their messages
     except ValueError as e:
         raise SystemExit(f'error: {e}') from None
+    unknown = set(cfg['report_scales'].split(',')) - set(REPORT_CONFIGS)
+    if cfg['gpu_report'] and unknown:
+        raise SystemExit(f"error: report_scales={cfg['report_scales']!r}: {sorted(unknown)} not in "
+                         f"{', '.join(REPORT_CONFIGS)}")
     if cfg['gpu_report'] and torch.device(dev).type != 'cuda':
         raise SystemExit(f'error: gpu_report=True needs a CUDA GPU, and the device is {dev!r}; without '
                          'it, python annex/bench.py times the variants on this device')

@@ -545,6 +545,6 @@ def test_prepare_scripts_run_from_the_repo_root():
             "--tiktoken_file=/nonexistent/gpt2.tiktoken"]], 60, cwd=ROOT)
     for name, h in zip(names, helps):
         assert h.returncode == 0 and "--force" in h.stdout, h.stderr
-        assert ("--tiktoken_file" in h.stdout) == (name in ("wikitext103", "shakespeare"))
+        assert ("--tiktoken_file" in h.stdout) == (name in ("pydocs", "wikitext103", "shakespeare"))
     assert r.returncode == 1 and "error: tiktoken file /nonexistent/gpt2.tiktoken not found" in r.stderr
     assert "Traceback" not in r.stderr

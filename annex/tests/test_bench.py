@@ -61,7 +61,9 @@ def test_help_and_bad_keys(capsys):
                       (["--device=gpu"], "device='gpu' is unknown: use 'cpu', 'cuda[:N]' or 'mps'"),
                       (["--n_head=3"], "n_embd=256 must be divisible by n_head=3"),
                       (["--steps=0"], "batch_size and steps must be positive"),
-                      (["--compile=True", "--warmup=0"], "compile=True needs warmup >= 1")]:
+                      (["--compile=True", "--warmup=0"], "compile=True needs warmup >= 1"),
+                      (["--gpu_report=True", "--report_scales=64m,1b"],
+                       "report_scales='64m,1b': ['1b'] not in 64m, 124m")]:
         with pytest.raises(SystemExit) as e:
             bench.main(args)
         # a message as exit code: Python prints it and exits with status 1

@@ -4,8 +4,10 @@ The offline default corpus: English text present on every machine with Python, s
 standard-library module (read with `ast` from the .py sources, nothing is imported), then each topic
 of the language reference that pydoc ships (pydoc_data/topics.py). Byte tokenizer: ids 0..255 are the
 UTF-8 bytes, 256 ends each document. Every 10th document goes to val.bin, the rest to train.bin.
+--tokenizer=gpt2 writes GPT-2 BPE ids (the study's vocabulary, offline with a ranks file) into
+data/pydocs/gpt2/ instead: train on it with --data_dir=data/pydocs/gpt2.
 
-    python data/pydocs/prepare.py [--force=True]
+    python data/pydocs/prepare.py [--force=True] [--tokenizer=gpt2 [--tiktoken_file=gpt2.tiktoken]]
 """
 import ast
 import os
@@ -70,11 +72,13 @@ def _topics(tree):
     return []
 
 
-def prepare(out_dir=HERE, force=False):
-    """Build train.bin, val.bin and meta.json in out_dir (a few seconds); returns the meta dict."""
+def prepare(out_dir=None, force=False, tokenizer="byte", tiktoken_file=None):
+    """Build train.bin, val.bin and meta.json in out_dir (default: here, or here/gpt2 for GPT-2's
+    BPE; a few seconds); returns the meta dict."""
+    out_dir = out_dir or (HERE if tokenizer == "byte" else os.path.join(HERE, tokenizer))
     if (meta := finished(out_dir, force)) is not None:
         return meta
-    tok = get_tokenizer("byte")
+    tok = get_tokenizer(tokenizer, tiktoken_file)  # first: no ranks file fails at once
     docs = documents()
     splits = {"train": [d for i, d in enumerate(docs) if i % 10 != 9], "val": docs[9::10]}
     meta = {**token_meta(tok), "source": "docstrings of the Python standard library + pydoc topics",
@@ -89,4 +93,4 @@ def prepare(out_dir=HERE, force=False):
 
 
 if __name__ == "__main__":
-    cli(prepare, __doc__)
+    cli(prepare, __doc__, tokenizer="byte")
