@@ -46,6 +46,10 @@ def check_train_config(cfg, world):  # before any I/O; sets device, dtype, backe
         value, least = getattr(cfg, key), (0 if key in ('max_iters', 'paper_val') else 1)
         if value is not None and value < least:  # eval_interval_warmup None: eval_interval's
             raise SystemExit(f'error: {key}={value} must be >= {least}')
+    warmup = cfg.eval_samples_warmup  # a subset of the eval set
+    if warmup is not None and warmup > cfg.eval_samples:
+        raise SystemExit(f'error: eval_samples_warmup={warmup} must be <= eval_samples='
+                         f'{cfg.eval_samples}')
     if cfg.wandb_log:
         annex('wandb_log', 'wandb_log=True').check()
     samples = cfg.batch_size * cfg.gradient_accumulation_steps

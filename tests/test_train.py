@@ -113,6 +113,9 @@ def test_the_readmes_commands_run_on_1_2_8_and_16_processes(config, monkeypatch,
         cfg = train_cfg(config, '--device=cpu', f'--out_dir={tmp_path}', f'--{key}=5')
         with pytest.raises(SystemExit, match=f'the 5 {key} are too few to give each of 8 processes'):
             check_train_config(cfg, 8)
+    cfg = train_cfg(config, '--device=cpu', f'--out_dir={tmp_path}', '--eval_samples_warmup=401')
+    with pytest.raises(SystemExit, match='eval_samples_warmup=401 must be <= eval_samples=400'):
+        check_train_config(cfg, 1)
 
 
 def test_configure_order_and_errors(tmp_path):
