@@ -4,7 +4,7 @@ OUT/report.md and OUT/report.json after each part, so that a crash or a part cut
 still leaves what was measured and the error; each command's output is in OUT/logs/.
 
     python annex/gpu_check.py --out=gpu_check  # full: 6 minutes at most on one GPU
-    python annex/gpu_check.py --quick=True     # 3 minutes at most: no part 4, part 2 at 64m only
+    python annex/gpu_check.py --quick=True     # 3 minutes on one GPU: no part 4, part 2 at 64m only
 
 Each part runs in processes of its own, under its own time limit (LIMITS, times limit_scale):
 1 tests  python -m pytest tests/test_gpu.py: passed, failed, skipped, the failures by name
@@ -21,6 +21,7 @@ to fetch it), else on the offline pydocs corpus in GPT-2's BPE given a ranks fil
 (NANONORM_TIKTOKEN_FILE, or tiktoken's cache), else in bytes; each says which. Exit status: 0 all
 passed (or were skipped), 1 a part failed, errored or was cut, 2 no CUDA GPU.
 """
+import contextlib
 import functools
 import os
 import re
@@ -84,11 +85,31 @@ def run_command(cmd, limit, log, stop_when=None, env=None):
     finally:
         cut = proc.poll() is None
         if cut:  # at the limit, or the check itself stopped (Ctrl-C does not reach the session)
+            started = descendants(proc.pid)  # torchrun's workers: sessions of their own
             os.killpg(proc.pid, signal.SIGKILL)
+            for pid in started:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         proc.wait()
     with open(log, 'rb') as f:
         f.seek(start)
         return None if cut else proc.returncode, f.read().decode(errors='replace')
+
+
+def descendants(pid):
+    """Every process pid started and its children started, by the parent links in /proc."""
+    children = {}
+    for entry in filter(str.isdigit, os.listdir('/proc')):
+        with contextlib.suppress(OSError):
+            with open(f'/proc/{entry}/stat') as f:  # 'pid (name) state ppid ...'
+                parent = int(f.read().rsplit(')', 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
 
 
 def command(cfg, name, cmd, limit, **how):
@@ -142,7 +163,8 @@ def part_tests(cfg, limit, done):
     """tests/test_gpu.py, a line a test (-vv): a cut run still says which passed."""
     result, output = command(cfg, 'tests', [sys.executable, '-m', 'pytest', '-vv',
                                             'tests/test_gpu.py'], limit)
-    found = re.findall(r'^tests/test_gpu\.py::(\S+) (PASSED|FAILED|ERROR|SKIPPED)', output, re.M)
+    found = re.findall(r'^tests/test_gpu\.py::(.+?) (PASSED|FAILED|ERROR|SKIPPED)\b', output,
+                       re.M)  # ids may hold spaces: 'heads of 64'
     outcomes = [outcome for _, outcome in found]
     counts = {k.lower(): outcomes.count(k) for k in ('PASSED', 'FAILED', 'ERROR', 'SKIPPED')}
     return {**result, **counts,
@@ -207,7 +229,9 @@ def part_multi(cfg, limit, done):
                                        share, TORCHRUN)
         diff = max((abs(a - b) for a, b in zip(losses(records), one)), default=None)
         runs.append({'run': 'FSDP' if fsdp else 'DDP', **result, 'loss_diff_vs_part_3': diff})
-        if result['status'] == 'ok' and diff is not None and diff > BF16_TOL:
+        if result['status'] == 'ok' and diff is None:
+            runs[-1]['status'] = "failed: no losses to compare with part 3's"
+        elif result['status'] == 'ok' and diff > BF16_TOL:
             runs[-1]['status'] = f"failed: losses up to {diff:.3f} from part 3's"
     out_dir = os.path.join(cfg['out'], 'runs', 'stop')
     shutil.rmtree(out_dir, ignore_errors=True)  # an earlier check's log would stop it at once

@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from checkpoint import CHECKPOINTS, SHARDED
+from data.common import largest_part
 from model import GPT, NORMS, GPTConfig, mlp_hidden
 
 # -------------------------------------------------------------------------------------------------------
@@ -237,23 +238,26 @@ def print_plan(model_args, cfg, env, micro_batch):
     if not capacity:
         return
     samples = cfg.batch_size * cfg.gradient_accumulation_steps
-    most = largest_micro_batch(config, cfg, env, shards, capacity)
-    if most and most > micro_batch:
-        print(f'note: micro-batches of up to {most} fit in 85% of this GPU by the plan: '
-              f'--batch_size={most} --gradient_accumulation_steps={samples // most} trains the same '
+    best = largest_micro_batch(config, cfg, env, shards, capacity)
+    if best and best[1] > micro_batch:
+        size, rows = best
+        print(f'note: micro-batches of up to {rows} fit in 85% of this GPU by the plan: '
+              f'--batch_size={size} --gradient_accumulation_steps={samples // size} trains the same '
               f'{samples} sequences a step in fewer, faster micro-steps')
 
 
 def largest_micro_batch(config, cfg, env, shards, memory):
-    """The largest batch_size that divides a step's sequences, at most a process's share, whose plan
-    fills at most 85% of `memory` bytes (the rest: what the plan leaves out); None if none does."""
+    """(batch_size, rows a micro-batch) of the fewest micro-batches that keep a step's sequences
+    (batch_size divides them) and whose plan fills at most 85% of `memory` bytes (the rest: what
+    the plan leaves out); None if none does."""
     samples = cfg.batch_size * cfg.gradient_accumulation_steps
-    for size in range(-(-samples // env.world), 0, -1):
+    for size in range(samples, 0, -1):
         if samples % size:
             continue
-        plan = memory_plan(config, size, shards, env.fsdp, env.ptdtype, cfg.compile)
+        rows = largest_part(samples, env.world, size)  # a process's rows: its share at most
+        plan = memory_plan(config, rows, shards, env.fsdp, env.ptdtype, cfg.compile)
         if plan['total'] <= 0.85 * memory:
-            return size
+            return size, rows
     return None
 
 

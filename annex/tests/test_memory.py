@@ -316,6 +316,10 @@ def test_the_plan_suggests_the_largest_micro_batch_that_fits(capsys, monkeypatch
     env.world = 8
     memory.print_plan(model_args, cfg, env, 8)
     assert 'note: micro-batches' not in capsys.readouterr().out
+    env.world = 3  # shares of 21 and 22: one micro-batch of 22, not two of 11 (batch_size 16)
+    memory.print_plan(model_args, cfg, env, 8)
+    assert ('note: micro-batches of up to 22 fit in 85% of this GPU by the plan: --batch_size=64 '
+            '--gradient_accumulation_steps=1') in capsys.readouterr().out
 
 
 def free_port():
