@@ -22,8 +22,11 @@ def _bisect(f, lo, hi):
 
 
 def t_pvalue(t, df):
-    """Two-sided p-value of Student's t with an integer number of degrees of freedom (>= 1): the finite
-    sums of Abramowitz & Stegun 26.7.3-4 in theta = atan(|t| / sqrt(df))."""
+    """Two-sided p-value of Student's t with an integer number of degrees of freedom (>= 1): for
+    t^2 <= df the finite sums of Abramowitz & Stegun 26.7.3-4 in theta = atan(|t| / sqrt(df)); in the
+    tail, where 1 minus those sums would cancel, the incomplete beta's series (t_tail)."""
+    if t * t > df:
+        return t_tail(t, df)
     theta = math.atan(abs(t) / math.sqrt(df))
     c2, term, total = math.cos(theta) ** 2, 1.0, 1.0
     for k in range(1, (df - 1) // 2 if df % 2 else df // 2):
@@ -32,6 +35,24 @@ def t_pvalue(t, df):
     if df % 2:
         return 1 - 2 / math.pi * (theta + (math.sin(theta) * math.cos(theta) * total if df > 1 else 0.0))
     return 1 - math.sin(theta) * total
+
+
+def t_tail(t, df):
+    """P(|T| > |t|) for t^2 > df as I_x(df/2, 1/2), x = df / (df + t^2) < 1/2 (A&S 26.7.1), by the
+    power series of A&S 26.5.4, x^a (1-x)^b / (a B(a, b)) sum_n (a+b)_n / (a+1)_n x^n, each term under
+    x times the last; in logarithms, so that it keeps its relative accuracy down to the smallest
+    floats (no overflow of t^2 either)."""
+    a, b = df / 2, 0.5
+    log_r = math.log(df) - 2 * math.log(abs(t))  # r = df / t^2 < 1, and x = r / (1 + r)
+    log_x = log_r - math.log1p(math.exp(log_r))
+    x, total, term, n = math.exp(log_x), 1.0, 1.0, 0
+    while term > 1e-17 * total:
+        term *= x * (a + b + n) / (a + 1 + n)
+        total += term
+        n += 1
+    log_front = (a * log_x - b * math.log1p(math.exp(log_r)) - math.log(a)
+                 - (math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)))
+    return math.exp(log_front) * total
 
 
 def t_cdf(t, df):

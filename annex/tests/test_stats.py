@@ -41,6 +41,31 @@ def test_t_against_closed_forms_and_tables():
         stats.t_quantile(1.0, 3)
 
 
+def test_t_tail_keeps_its_relative_accuracy_down_to_1e_300():
+    """Far in the tail p is computed, never 1 minus a sum near 1 (which reached 0 and -2.2e-16):
+    against tail-safe closed forms for df 1 and 2, and for any df against the leading term of the
+    tail, 2 Gamma((df+1)/2) df^(df/2-1) / (sqrt(pi) Gamma(df/2) t^df), whose relative error is
+    O(df/t^2): nothing at these t."""
+    for t in (30.0, 1e3, 1e8, 1e50, 1e150, 1e299):
+        assert stats.t_pvalue(t, 1) == pytest.approx(2 / math.pi * math.atan(1 / t), rel=1e-12)
+        assert stats.t_cdf(-t, 1) == pytest.approx(math.atan(1 / t) / math.pi, rel=1e-12)
+    for t in (30.0, 1e3, 1e8, 1e50, 1e149):
+        u2 = (1 / t) ** 2  # df 2: 1 - t / sqrt(2 + t^2), without the cancellation
+        want = 2 * u2 / (math.sqrt(1 + 2 * u2) * (math.sqrt(1 + 2 * u2) + 1))
+        assert stats.t_pvalue(-t, 2) == pytest.approx(want, rel=1e-12)
+    for df, t in ((3, 1e20), (3, 1e99), (5, 1e40), (5, 1e59), (10, 1e20), (10, 1e29), (30, 1e9)):
+        log_lead = (math.log(2) + math.lgamma((df + 1) / 2) + (df / 2 - 1) * math.log(df)
+                    - 0.5 * math.log(math.pi) - math.lgamma(df / 2) - df * math.log(t))
+        p = stats.t_pvalue(t, df)
+        assert p == pytest.approx(math.exp(log_lead), rel=1e-9) and 1e-300 < p < 1e-50
+    for df in (1, 2, 3, 4, 7, 30):  # the two ways agree where they meet, t^2 = df; p falls, > 0
+        edge = math.sqrt(df)
+        assert stats.t_pvalue(edge * (1 + 1e-9), df) == pytest.approx(
+            stats.t_pvalue(edge * (1 - 1e-9), df), rel=1e-8)
+        ps = [stats.t_pvalue(t, df) for t in (0.5, 1, 2, 5, 20, 100, 1e4, 1e8)]
+        assert all(a > b > 0 for a, b in zip(ps, ps[1:]))
+
+
 def test_paired_by_hand():
     a, b = [3.1, 3.4, 2.9, 3.3], [3.0, 3.0, 3.1, 3.0]
     d = [x - y for x, y in zip(a, b)]  # 0.1, 0.4, -0.2, 0.3: mean 0.15, squares sum 0.21, sd sqrt(0.07)
