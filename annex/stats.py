@@ -72,8 +72,9 @@ def t_quantile(q, df):
 
 def paired(a, b, level=0.95):
     """Paired t-test and interval of the mean of d = a - b (one pair per seed): p two-sided, p_less for
-    "mean(d) < 0", p_greater for "mean(d) > 0". Fields that need 2 pairs, or a nonzero spread, are None
-    (a zero spread gives the interval [mean, mean])."""
+    "mean(d) < 0", p_greater for "mean(d) > 0". Fields that need 2 pairs are None. A zero spread (every
+    seed moved alike) gives the interval [mean, mean] and the p-values of t's limit, 0 or infinite
+    (t itself None: JSON has no infinity), so that the comparison stays in Holm's family."""
     if len(a) != len(b):
         raise ValueError(f'paired: {len(a)} values against {len(b)}; pass the seeds both have')
     d, n = np.asarray(a, float) - np.asarray(b, float), len(a)
@@ -85,11 +86,17 @@ def paired(a, b, level=0.95):
         return res
     res['sd_diff'] = sd = float(d.std(ddof=1))
     if sd == 0:
-        return res | dict(ci=[mean, mean])
+        limit = 0.0
+        if mean != 0:
+            limit = math.copysign(math.inf, mean)
+        return res | dict(ci=[mean, mean], **t_probabilities(limit, n - 1))
     se = sd / math.sqrt(n)
     t, half = mean / se, t_quantile((1 + level) / 2, n - 1) * se
-    return res | dict(t=t, p=t_pvalue(t, n - 1), p_less=t_cdf(t, n - 1), p_greater=t_cdf(-t, n - 1),
-                      ci=[mean - half, mean + half])
+    return res | dict(t=t, ci=[mean - half, mean + half], **t_probabilities(t, n - 1))
+
+
+def t_probabilities(t, df):  # two-sided, for "mean < 0", for "mean > 0"
+    return dict(p=t_pvalue(t, df), p_less=t_cdf(t, df), p_greater=t_cdf(-t, df))
 
 # ---------------------------------------------------------------------------------- multiple comparisons
 

@@ -103,9 +103,13 @@ def test_paired_edge_cases():
     one = stats.paired([2.5], [2.0])
     assert one['n'] == 1 and one['mean_diff'] == 0.5
     assert all(v is None for k, v in one.items() if k not in ('n', 'mean_diff'))
-    flat = stats.paired([3.0, 4.0, 5.0], [2.5, 3.5, 4.5])
+    flat = stats.paired([3.0, 4.0, 5.0], [2.5, 3.5, 4.5])  # every seed +0.5: t's limit is +infinity
     assert flat['mean_diff'] == pytest.approx(0.5) and flat['sd_diff'] == 0 and flat['ci'] == [0.5, 0.5]
-    assert flat['t'] is flat['p'] is flat['p_less'] is flat['p_greater'] is None
+    assert flat['t'] is None and (flat['p'], flat['p_less'], flat['p_greater']) == (0.0, 1.0, 0.0)
+    down = stats.paired([2.0, 3.0], [2.5, 3.5])  # every seed -0.5
+    assert (down['p'], down['p_less'], down['p_greater']) == (0.0, 0.0, 1.0)
+    same = stats.paired([2.0, 3.0, 4.0], [2.0, 3.0, 4.0])  # no change at all: t = 0
+    assert (same['p'], same['p_less'], same['p_greater']) == (1.0, 0.5, 0.5)
     with pytest.raises(ValueError):
         stats.paired([1.0, 2.0], [1.0])
 

@@ -353,6 +353,30 @@ def test_effects_intervals_holm_and_the_sign_flip_by_hand(tmp_path):
     assert f"{p[lo]:.3f} ({min(1, 2 * p[lo]):.3f})" in md
 
 
+def test_a_zero_spread_comparison_stays_in_holm_s_family(tmp_path):
+    """DyT equal to LayerNorm in every seed at 1M (zero spread, t's limit 0: p = 1) is a comparison
+    like the others: Holm counts three, so the smallest p is multiplied by 3, not 2."""
+    root = str(tmp_path / 'grid')
+    ln = {1_000_000: [5.0, 5.2, 4.9], 10_000_000: [4.0, 4.1, 3.9], None: [3.0, 3.1, 2.95]}
+    dyt = {1_000_000: [5.0, 5.2, 4.9], 10_000_000: [3.7, 3.9, 3.75], None: [3.1, 3.15, 3.1]}
+    for budget in ln:
+        for k, seed in enumerate((1, 2, 3)):
+            write_run(root, 's', budget, 'ln', seed, ln[budget][k], ln[budget][k])
+            write_run(root, 's', budget, 'dyt', seed, dyt[budget][k], dyt[budget][k], 0.3)
+    rep = study.main(['report', root, '--analysis=False', '--bootstrap=10'])
+    effects = {g['budget']: g['effect_final'] for g in rep['groups'] if g['variant'] == 'dyt'}
+    assert (effects['1M']['p'], effects['1M']['holm'], effects['1M']['sd_diff']) == (1.0, 1.0, 0)
+    p = {}
+    for budget, name in ((10_000_000, '10M'), (None, 'all')):
+        d = np.array(dyt[budget]) - np.array(ln[budget])
+        t = d.mean() / (math.sqrt(sum((x - d.mean()) ** 2 for x in d) / 2) / math.sqrt(3))
+        p[name] = t_pvalue(t, 2)
+        assert effects[name]['p'] == pytest.approx(p[name])
+    lo, hi = sorted(p, key=p.get)
+    assert effects[lo]['holm'] == pytest.approx(min(1, 3 * p[lo]))  # 3 comparisons
+    assert effects[hi]['holm'] == pytest.approx(max(min(1, 3 * p[lo]), min(1, 2 * p[hi])))
+
+
 PAPER = [('64m', '1M', 0.0156, 0.493, -27.3), ('64m', '10M', 0.156, 0.413, 5.9),
          ('64m', '50M', 0.781, 0.237, 19.7),
          ('64m', 'all', 1.84, 0.234, 18.8), ('124m', '1M', 0.0081, 0.466, -9.6),
