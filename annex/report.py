@@ -694,9 +694,12 @@ def main(argv):
         res, md = published_rule(opts)
         print(md)
         return res
-    if len(rest) != 1 or not os.path.isdir(rest[0]):
+    if len(rest) != 1:
         raise SystemExit('usage: python annex/study.py report GRID_OUT_DIR (the out_dir of '
                          '`python annex/study.py run`), or report --published')
+    if not os.path.isdir(rest[0]):
+        raise SystemExit(f'error: {rest[0]} is missing (or not a folder): give the out_dir of a grid '
+                         'that `python annex/study.py run` wrote, e.g. out/grid_mini')
     rows = collect(rest[0], opts)
     if opts['analysis']:
         spectra_and_rank(rows, opts)

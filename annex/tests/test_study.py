@@ -787,6 +787,8 @@ def test_command_line_help_and_typos(capsys):
                         (['screen', '--max_iter=5'], 'max_iters')):
         with pytest.raises(SystemExit, match=f'did you mean {close}'):
             study.main(argv)
+    with pytest.raises(SystemExit, match=r'error: \S+/no_grid is missing \(or not a folder\)'):
+        study.main(['report', os.path.join(ROOT, 'no_grid')])
 
 
 def test_best_on_val_is_reported_on_the_test_split(tmp_path, data_dir, capsys):
