@@ -31,6 +31,7 @@ lists the command's keys.
 import glob
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -285,6 +286,18 @@ def run_cell(cell, cell_dir, nproc=1, poll=30.0, extra=(), event='eval', env=Non
     return 'failed'
 
 
+def last_error(cell_dir):
+    """The failed child's own last error line in its train.out: train.py's `error: ...`, else an
+    exception's last line (not torchrun's ChildFailedError, which wraps it), else its last line."""
+    with open(os.path.join(cell_dir, 'train.out'), errors='replace') as f:
+        lines = [re.sub(r'^\[rank\d+\]:', '', line).strip() for line in f if line.strip()]
+    errors = [line for line in lines if line.startswith('error:')]
+    if not errors:
+        errors = [line for line in lines if re.match(r'[\w.]*(Error|Exception): ', line)
+                  and 'ChildFailedError' not in line]
+    return (errors or lines or ['(no output)'])[-1]
+
+
 def shard_of(cells, shard):
     try:
         i, n = (int(x) for x in shard.split('/'))
@@ -372,7 +385,8 @@ def cmd_run(argv):
                 print(f"    {cell['name']}: {st} in {times[-1]:.0f} s" + (
                     f", final val {s['final_val_loss']:.4f}, best {s['best_val_loss']:.4f} @ "
                     f"{s['best_iter']}"
-                    if st == 'finished' else f" (see {dirs[cell['name']]}/train.out)"), flush=True)
+                    if st == 'finished' else f": {last_error(dirs[cell['name']])} (all of it: "
+                    f"{dirs[cell['name']]}/train.out)"), flush=True)
     threads = [threading.Thread(target=run_slot, args=p) for p in plan if p[1]]
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # preempted: stop train.py too
     t0 = time.time()
@@ -438,7 +452,8 @@ def cmd_screen(argv):
             print(f"{norm}: training {steps} steps in {d} (train.py's output: {d}/train.out)",
                   flush=True)
             if run_cell(cell, d, opts['nproc'], opts['poll'], event='step') != 'finished':
-                raise SystemExit(f'error: the {norm} screening run did not finish; see {d}/train.out')
+                raise SystemExit(f'error: the {norm} screening run did not finish: {last_error(d)} '
+                                 f'(all of it: {d}/train.out)')
         result[norm] = eval_at(d, steps)
         if not result[norm] or result[norm]['iter'] != steps:
             raise SystemExit(f'error: {d}/log.jsonl has no evaluation at step {steps}; delete {d} and '

@@ -465,11 +465,30 @@ def test_runner_skips_resumes_records_and_shards(tmp_path, data_dir, capsys, mon
     stamps = {c['name']: os.path.getmtime(f"{out}/{c['name']}/summary.json") for c in cells[:3]}
     capsys.readouterr()
     assert study.main(['run', path, '--poll=0.2']) == 1
-    assert '3 already finished, diverged or given up; 1 to run' in capsys.readouterr().out
+    out_text = capsys.readouterr().out
+    assert '3 already finished, diverged or given up; 1 to run' in out_text
+    # the failure's cause on the screen, not only inside train.out
+    assert re.search(r"t_5K_bad_s1: failed in \d+ s: error: dataset 'nodata' is not prepared: .*"
+                     r"\(all of it: \S+/t_5K_bad_s1/train.out\)", out_text), out_text
     assert stamps == {c['name']: os.path.getmtime(f"{out}/{c['name']}/summary.json") for c in cells[:3]}
     assert json.load(open(f'{out}/t_5K_bad_s1/failed.json'))['attempts'] == 2
     assert study.main(['run', path]) == 1
     assert '4 already finished, diverged or given up; 0 to run' in capsys.readouterr().out
+
+
+def test_a_failed_child_s_own_error_line(tmp_path):
+    outputs = {  # train.py's own error; a traceback under torchrun; nothing of either
+        "$ python train.py\nconfig: ...\nerror: dataset 'x' is not prepared\n":
+            "error: dataset 'x' is not prepared",
+        ('$ torchrun ...\n[rank1]: Traceback (most recent call last):\n[rank1]:   File "train.py"\n'
+         '[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n'
+         'torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n'
+         'train.py FAILED\n'):
+            'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB',
+        '$ python train.py\nKilled\n': 'Killed'}
+    for text, line in outputs.items():
+        (tmp_path / 'train.out').write_text(text)
+        assert study.last_error(str(tmp_path)) == line
 
 
 def test_shards_cover_the_grid_without_overlap(tmp_path, data_dir):
