@@ -237,19 +237,18 @@ def print_plan(model_args, cfg, env, micro_batch):
         print('\n'.join(format_memory_plan(plan, capacity)))
     if not capacity:
         return
-    samples = cfg.batch_size * cfg.gradient_accumulation_steps
     best = largest_micro_batch(config, cfg, env, shards, capacity)
-    if best and best[1] > micro_batch:
-        size, rows = best
+    if best and best[2] > micro_batch:
+        size, steps, rows = best
         print(f'note: micro-batches of up to {rows} fit in 85% of this GPU by the plan: '
-              f'--batch_size={size} --gradient_accumulation_steps={samples // size} trains the same '
-              f'{samples} sequences a step in fewer, faster micro-steps')
+              f'--batch_size={size} --gradient_accumulation_steps={steps} trains the same '
+              f'{size * steps} sequences a step in fewer, faster micro-steps')
 
 
 def largest_micro_batch(config, cfg, env, shards, memory):
-    """(batch_size, rows a micro-batch) of the fewest micro-batches that keep a step's sequences
-    (batch_size divides them) and whose plan fills at most 85% of `memory` bytes (the rest: what
-    the plan leaves out); None if none does."""
+    """(batch_size, gradient_accumulation_steps, rows a micro-batch) of the fewest micro-batches
+    that keep a step's sequences (batch_size divides them) and whose plan fills at most 85% of
+    `memory` bytes (the rest: what the plan leaves out); None if none does."""
     samples = cfg.batch_size * cfg.gradient_accumulation_steps
     for size in range(samples, 0, -1):
         if samples % size:
@@ -257,7 +256,7 @@ def largest_micro_batch(config, cfg, env, shards, memory):
         rows = largest_part(samples, env.world, size)  # a process's rows: its share at most
         plan = memory_plan(config, rows, shards, env.fsdp, env.ptdtype, cfg.compile)
         if plan['total'] <= 0.85 * memory:
-            return size, rows
+            return size, samples // size, rows
     return None
 
 
