@@ -4,7 +4,9 @@
   spectra     HTSR per 2-D weight: WeightWatcher's alpha of W^T W's ESD, alpha_weighted, stable rank
   rank        effective rank (Roy & Vetterli) of each block's output and each weight
   alpha       learned DyT/Derf alpha against 1 / input std, their Pearson r (annex/alpha.py)
-  all         each of them: one forward pass, one eigendecomposition per matrix
+  scurve      each norm layer's input against its output before the affine: the DyT paper's S-curves,
+              fits of a*tanh(b*x) and a line, R^2, b against 1/std (annex/scurve.py)
+  all         each of them: one forward pass (scurve: its own), one eigendecomposition per matrix
   python analyze.py saturation out-dyt  # a directory means its ckpt.pt
   python analyze.py all out-ln out-dyt --ckpt=best --json=cmp.json --plot=figs
 Options: train_tokens (-1 = the model's budget, 0 = all), block_size (0 = the model's), max_n
@@ -24,11 +26,11 @@ from data.common import (DataError, data_budget, entropy_of, load_meta, load_spl
                          write_json)
 from distributed import pick_device
 
-MEASURES = ("saturation", "spectra", "rank", "alpha")
+MEASURES = ("saturation", "spectra", "rank", "alpha", "scurve")
 SECTIONS = dict({m: (m,) for m in MEASURES}, all=MEASURES)  # each command's measures
 DEFAULTS = dict(ckpt="latest", windows=50, seed=1337, block_size=0, batch_size=10, device="auto",
                 min_evals=50, max_evals=5000, max_n=50000, dataset="", data_dir="",
-                train_tokens=-1, json="", plot="")
+                train_tokens=-1, json="", plot="", scurve_tokens=256)
 HEADLINE_T = 2.0  # the study's headline t: tanh(2) is 96% of the bound
 EVALS_THRESH = 1e-5  # WeightWatcher's: eigenvalues <= this are zeros
 
@@ -168,13 +170,14 @@ def measurement_windows(model, ckpt, opts):
     return dataset, windows, len(data)
 
 
-def analyze(path, command, opts):  # its figures (the JSON) and eigenvalues (plots)
+def analyze(path, command, opts):  # its figures (the JSON), eigenvalues and S-curve points (plots)
     try:
         model, ckpt = load_checkpoint(path, device=opts["device"])
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"analyze.py: {e}") from None
     want = set(SECTIONS[command])
     alpha = annex("alpha", "analyze.py alpha" if command == "alpha" else None)
+    scurve = annex("scurve", "analyze.py scurve" if command == "scurve" else None)
     res = dict(path=str(path), iter_num=ckpt.get("iter_num"),
                dataset=ckpt.get("config", {}).get("dataset"), norm=model.config.norm,
                model_args=ckpt["model_args"])
@@ -191,16 +194,20 @@ def analyze(path, command, opts):  # its figures (the JSON) and eigenvalues (plo
                              "layers": ns["layers"], "global_at_2": at_2}
     if "alpha" in want and alpha:  # the DyT paper's check; `all` without annex/alpha.py skips it
         res["alpha"] = alpha.alpha_vs_std(ns)
+    plot_data = dict(esds={}, pairs=None)
+    if "scurve" in want and scurve:  # the same
+        res["scurve"], plot_data["pairs"] = scurve.measure(model, windows, opts)
     if want & {"spectra", "rank"}:
         mats, skipped = weight_matrices(model, opts["min_evals"], opts["max_evals"], opts["max_n"])
         evals = eigenvalues(mats)
         if "spectra" in want:
             res["spectra"] = spectra(mats, evals, skipped)
+            plot_data["esds"] = evals
     if "rank" in want:
         w = {name: effective_rank(np.sqrt(ev)) for name, ev in evals.items()}
         res["rank"] = dict(blocks=fs["block_ranks"], mean_blocks=float(np.mean(fs["block_ranks"])),
                            weights=w, mean_weights=float(np.mean(list(w.values()))) if w else None)
-    return res, evals if "spectra" in want else {}
+    return res, plot_data
 
 
 def fmt(v, spec=".4g"):
@@ -232,7 +239,7 @@ def rows_by_name(tables, cell):  # a row per name in any table; "-" where a chec
 
 
 def report(results, labels):
-    sat, sp, rk, al = ([r.get(s) for r in results] for s in MEASURES)
+    sat, sp, rk, al, sc = ([r.get(s) for r in results] for s in MEASURES)
     if sat[0]:
         w, layers = results[0]["windows"], [s["layers"] for s in sat]
         lacking = [s["global"] is None for s in sat]
@@ -269,6 +276,8 @@ def report(results, labels):
         print_table("effective rank (Roy & Vetterli) of activations and weights", labels, rows)
     if al[0]:
         annex("alpha").print_alpha(results, labels)
+    if sc[0]:
+        annex("scurve").print_scurve(results, labels)
 
 
 def print_notes(labels, lacking, measure, then=""):  # for the checkpoints without such a layer
@@ -315,7 +324,7 @@ def main(argv):
                                       checkpoints=results))
         print(f"\nwrote {opts['json']}")
     if plots:
-        plots.analysis_plots(results, labels, [e for _, e in out], opts["plot"])
+        plots.analysis_plots(results, labels, [p for _, p in out], opts["plot"])
     return results
 
 

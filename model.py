@@ -36,12 +36,29 @@ class RMSNorm(nn.Module):
         return y.type_as(x)
 
 
-class DyT(nn.Module):  # Dynamic Tanh: gamma * tanh(alpha * x) + beta
-    def __init__(self, ndim, bias=False, eps=None, alpha0=0.5):
+class Identity(nn.Module):  # gamma * x + beta: the point-wise norms' f(x) is x (no squashing)
+    def __init__(self, ndim, bias=False, eps=None, alpha0=None):
         super().__init__()
-        self.alpha = nn.Parameter(torch.full((1,), float(alpha0)))
         self.weight = nn.Parameter(torch.ones(ndim))
         self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+
+    def f(self, x):
+        return x
+
+    def forward(self, x):
+        y = self.f(x)
+        return y * self.weight if self.bias is None else torch.addcmul(self.bias, y, self.weight)
+
+
+class HardTanh(Identity):  # gamma * clip(x, -1, 1) + beta: the study's control, no slope
+    def f(self, x):
+        return x.clamp(-1.0, 1.0)
+
+
+class DyT(Identity):  # Dynamic Tanh: gamma * tanh(alpha * x) + beta
+    def __init__(self, ndim, bias=False, eps=None, alpha0=0.5):
+        super().__init__(ndim, bias)
+        self.alpha = nn.Parameter(torch.full((1,), float(alpha0)))
 
     def squashed(self, x):
         return self.alpha * x
@@ -50,18 +67,14 @@ class DyT(nn.Module):  # Dynamic Tanh: gamma * tanh(alpha * x) + beta
     def cut(t):
         return t
 
-    def forward(self, x):
-        y = torch.tanh(self.squashed(x))
-        return y * self.weight if self.bias is None else torch.addcmul(self.bias, y, self.weight)
+    def f(self, x):
+        return torch.tanh(self.squashed(x))
 
 
-class Derf(nn.Module):  # Dynamic erf: gamma * erf(alpha * x + s) + beta
+class Derf(DyT):  # Dynamic erf: gamma * erf(alpha * x + s) + beta
     def __init__(self, ndim, bias=False, eps=None, alpha0=0.5):
-        super().__init__()
-        self.alpha = nn.Parameter(torch.full((1,), float(alpha0)))
+        super().__init__(ndim, bias, eps, alpha0)
         self.shift = nn.Parameter(torch.zeros(1))
-        self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
 
     def squashed(self, x):
         return self.alpha * x + self.shift
@@ -70,23 +83,30 @@ class Derf(nn.Module):  # Dynamic erf: gamma * erf(alpha * x + s) + beta
     def cut(t):  # 1.483 at t = 2 (|u| > 2: 99.5% of the bound)
         return torch.erfinv(torch.tanh(torch.tensor(t, dtype=torch.float64))).item()
 
-    def forward(self, x):
-        y = torch.erf(self.squashed(x))
-        return y * self.weight if self.bias is None else torch.addcmul(self.bias, y, self.weight)
+    def f(self, x):
+        return torch.erf(self.squashed(x))
 
 
-class HardTanh(nn.Module):  # clip(x, -1, 1) * gamma + beta
-    def __init__(self, ndim, bias=False, eps=None, alpha0=None):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+# The DyT paper's ablations (Zhu et al. 2025, section 6), with Identity: another squashing, and alpha
+# not learned
 
-    def forward(self, x):
-        y = x.clamp(-1.0, 1.0) * self.weight
-        return y if self.bias is None else y + self.bias
+class Sigmoid(DyT):  # gamma * (2 sigmoid(alpha * x) - 1) + beta: tanh's range; = tanh(alpha x / 2)
+    @staticmethod
+    def cut(t):  # |2 sigmoid(u) - 1| = tanh(|u| / 2) > tanh(t) iff |u| > 2t
+        return 2 * t
+
+    def f(self, x):
+        return 2 * torch.sigmoid(self.squashed(x)) - 1
 
 
-NORMS = {'layernorm': LayerNorm, 'rmsnorm': RMSNorm, 'dyt': DyT, 'derf': Derf, 'hardtanh': HardTanh}
+class FrozenDyT(DyT):  # DyT with alpha fixed at alpha0: still in checkpoints, not trained
+    def __init__(self, ndim, bias=False, eps=None, alpha0=0.5):
+        super().__init__(ndim, bias, eps, alpha0)
+        self.alpha.requires_grad_(False)
+
+
+NORMS = {'layernorm': LayerNorm, 'rmsnorm': RMSNorm, 'dyt': DyT, 'derf': Derf, 'hardtanh': HardTanh,
+         'identity': Identity, 'sigmoid': Sigmoid, 'dyt_frozen': FrozenDyT}
 
 
 def make_norm(config, alpha0=None):

@@ -32,13 +32,14 @@ def save_png(fig, path):
     plt.close(fig)
 
 
-def analysis_plots(results, labels, esds, outdir):
+def analysis_plots(results, labels, plot_data, outdir):
     """analyze.py --plot=DIR: saturation by threshold and by layer, each weight's ESD with its power-law
-    fit, activation effective rank by block, alpha against 1/std."""
+    fit, activation effective rank by block, alpha against 1/std, the S-curves (annex/scurve.py)."""
     plt = pyplot()
     if plt is None:
         return
     os.makedirs(outdir, exist_ok=True)
+    esds = [p["esds"] for p in plot_data]
 
     def save(fig, name):
         save_png(fig, os.path.join(outdir, name))
@@ -97,4 +98,7 @@ def analysis_plots(results, labels, esds, outdir):
         ax.set(xlabel="1 / input std", ylabel="learned alpha", title="DyT/Derf alpha vs 1/std")
         ax.legend()
         save(fig, "alpha_vs_inv_std.png")
+    if "scurve" in results[0]:
+        from annex.scurve import plot_scurves
+        plot_scurves(plt, results, [p["pairs"] for p in plot_data], labels, outdir, save)
     print(f"plots written to {outdir}/")

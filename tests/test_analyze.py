@@ -244,7 +244,7 @@ def make_ckpt(tmp_path, name, data_dir, **cfg):
 NORMS = dict(ln=dict(norm="layernorm"), rms=dict(norm="rmsnorm"), hardtanh=dict(norm="hardtanh"),
              dyt=dict(norm="dyt", dyt_alpha=2.0, attn="diff", mlp="swiglu", pos="rope"))
 SECTIONS = dict(saturation=["saturation"], spectra=["spectra"], rank=["rank"], alpha=["alpha"],
-                all=["saturation", "spectra", "rank", "alpha"])
+                scurve=["scurve"], all=["saturation", "spectra", "rank", "alpha", "scurve"])
 LAYER_FIELDS = {"shape", "num_evals", "alpha", "xmin", "D", "num_tail", "lambda_max", "alpha_weighted",
                 "stable_rank"}
 
@@ -260,7 +260,7 @@ def test_every_command_runs_and_json_holds_documented_fields(tmp_path, dataset, 
     (c,) = doc["checkpoints"]
     assert {"label", "path", "iter_num", "dataset", "norm", "model_args"} <= set(c)
     assert c["iter_num"] == 7
-    for section in ("saturation", "spectra", "rank", "alpha"):
+    for section in ("saturation", "spectra", "rank", "alpha", "scurve"):
         assert (section in c) == (section in SECTIONS[command])
     text = capsys.readouterr().out
     is_dyt = norm == "dyt"
@@ -398,7 +398,8 @@ def test_bad_input_gives_clear_errors(tmp_path, dataset):
         (["spectra", str(run), "--device=gpu"],
          "device='gpu' is unknown: use 'cpu', 'cuda[:N]' or 'mps'"),
         (["nonsense", str(run)],
-         "unknown command 'nonsense'; choose one of saturation, spectra, rank, alpha, all"),
+         "unknown command 'nonsense'; choose one of saturation, spectra, rank, alpha, scurve, "
+         "all"),
         (["satuation", str(run)], "unknown command 'satuation' (did you mean saturation?)"),
         (["spectra"], "usage: python analyze.py"),
         (["saturation", str(run), f"--data_dir={tmp_path}"], "not prepared"),

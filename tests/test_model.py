@@ -22,8 +22,8 @@ VARIANTS = [(n, a, m, p) for n in NORMS for a in ('standard', 'diff') for m in (
 
 
 def variant(norm, attn, mlp, pos, **kw):
-    """One of the 40 variants. RoPE variants also use GQA, learned ones biases, DyT ones embed_scale, so
-    the 40 combinations cover those options too."""
+    """One of the 64 variants. RoPE variants also use GQA, learned ones biases, DyT ones embed_scale, so
+    the 64 combinations cover those options too."""
     return tiny(norm=norm, attn=attn, mlp=mlp, pos=pos, bias=pos == 'learned',
                 n_kv_head=2 if pos == 'rope' else None, embed_scale=norm == 'dyt', **kw)
 
@@ -178,6 +178,9 @@ def test_every_variant_forward_backward(norm, attn, mlp, pos):
     assert abs(loss.item() - math.log(cfg.vocab_size)) < 0.2  # small init: near-uniform predictions
     loss.backward()
     for name, p in model.named_parameters():
+        if not p.requires_grad:  # dyt_frozen's alpha
+            assert p.grad is None and name.endswith('alpha'), name
+            continue
         assert p.grad is not None, f"{name} got no gradient"
         assert torch.isfinite(p.grad).all(), f"{name} has a non-finite gradient"
         assert p.grad.abs().sum() > 0, f"{name} has an all-zero gradient (unused?)"
@@ -203,7 +206,8 @@ def test_every_variant_is_causal(norm, attn, mlp, pos):
 # 3. Norm layers equal their formulas
 
 NORM_PARAMS = {'layernorm': {'weight'}, 'rmsnorm': {'weight'}, 'dyt': {'alpha', 'weight'},
-               'derf': {'alpha', 'shift', 'weight'}, 'hardtanh': {'weight'}}
+               'derf': {'alpha', 'shift', 'weight'}, 'hardtanh': {'weight'}, 'identity': {'weight'},
+               'sigmoid': {'alpha', 'weight'}, 'dyt_frozen': {'alpha', 'weight'}}
 
 
 @pytest.mark.parametrize('bias', [False, True])
@@ -222,9 +226,14 @@ def test_norm_layer_formula(norm, bias):
         want = (x - mu) / torch.sqrt(((x - mu) ** 2).mean(-1, keepdim=True) + 1e-5) * w + b
     elif norm == 'rmsnorm':
         want = x / torch.sqrt((x ** 2).mean(-1, keepdim=True) + 1e-5) * w
-    elif norm == 'dyt':
+    elif norm in ('dyt', 'dyt_frozen'):
         assert ln.alpha.numel() == 1  # ONE scalar per layer
+        assert ln.alpha.requires_grad == (norm == 'dyt')
         want = w * torch.tanh(ln.alpha.item() * x) + b
+    elif norm == 'sigmoid':  # the logistic function, rescaled to (-1, 1)
+        want = w * (2 / (1 + torch.exp(-ln.alpha.item() * x)) - 1) + b
+    elif norm == 'identity':
+        want = w * x + b
     elif norm == 'derf':
         assert ln.alpha.numel() == ln.shift.numel() == 1  # ONE alpha and ONE shift per layer
         z = ln.alpha.item() * x + ln.shift.item()
@@ -234,6 +243,29 @@ def test_norm_layer_formula(norm, bias):
         want = torch.where(x > 1, 1.0, torch.where(x < -1, -1.0, x)) * w + b
         assert (x.abs() > 1).any() and (x.abs() < 1).any()  # both sides of the clip are exercised
     torch.testing.assert_close(ln(x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_dyt_frozen_keeps_alpha0_while_dyt_learns_it():
+    """The DyT paper's ablation: alpha stays at alpha0 through AdamW's steps, outside its groups, and
+    is saved with the weights; the same steps move DyT's own alpha."""
+    alphas = {}
+    for norm in ('dyt', 'dyt_frozen'):
+        torch.manual_seed(4)
+        model = GPT(tiny(norm=norm, dyt_alpha=1.5))
+        opt = model.configure_optimizers(0.1, 1e-2, (0.9, 0.95), 'cpu')
+        in_groups = {id(p) for g in opt.param_groups for p in g['params']}
+        for _ in range(3):
+            idx = torch.randint(0, 64, (2, 16))
+            model(idx, idx)[1].backward()
+            opt.step()
+            opt.zero_grad()
+        named = dict(model.named_parameters())
+        alphas[norm] = [p.item() for n, p in named.items() if n.endswith('alpha')]
+        assert all((id(p) in in_groups) == (norm == 'dyt') for n, p in named.items()
+                   if n.endswith('alpha'))
+        assert 'transformer.ln_f.alpha' in model.state_dict()
+    assert alphas['dyt_frozen'] == [1.5] * 5
+    assert all(abs(a - 1.5) > 1e-3 for a in alphas['dyt'])
 
 
 def test_dyt_alpha_per_place():

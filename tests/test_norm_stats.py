@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import norm_stats
-from model import GPT, Derf, DyT
+from model import GPT, Derf, DyT, Sigmoid
 from tests.common import randomize, tiny
 
 THRESHOLDS = [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
@@ -43,10 +43,10 @@ def hooked_saturation(model, name, xs):
 
 
 def layer_saturation(layer, *xs):
-    """norm_stats' saturation of one DyT or Derf layer called on each of xs: the layer alone in a model, as
+    """norm_stats' saturation of one point-wise layer called on each of xs: the layer alone in a model, as
     its ln_f."""
     model = torch.nn.Module()
-    model.ln_f, model.config = layer, SimpleNamespace(norm='derf' if isinstance(layer, Derf) else 'dyt')
+    model.ln_f, model.config = layer, SimpleNamespace(norm=type(layer).__name__.lower())
     norm_stats.record(model)
     with torch.no_grad():
         for x in xs:
@@ -81,10 +81,11 @@ def test_derf_and_dyt_saturate_alike_at_equal_outputs():
     assert (a * x2 + s).abs().gt(2.0).double().mean().item() < got_derf[norm_stats.AT_2] - 0.2
 
 
-@pytest.mark.parametrize('kind', [DyT, Derf])
+@pytest.mark.parametrize('kind', [DyT, Derf, Sigmoid])
 def test_saturation_against_a_loop_over_elements(kind):
-    """DyT: |alpha x| > t, the study's count; Derf: |erf(alpha x + s)| > tanh(t), as far from its bound.
-    Counted element by element with math.erf and math.tanh, over two calls."""
+    """DyT: |alpha x| > t, the study's count; Derf: |erf(alpha x + s)| > tanh(t), as far from its bound;
+    the sigmoid ablation: |2 / (1 + exp(-alpha x)) - 1| > tanh(t). Counted element by element with
+    math.erf, math.exp and math.tanh, over two calls."""
     torch.manual_seed(3)
     layer = kind(8, False, alpha0=1.3)
     if kind is Derf:
@@ -97,6 +98,9 @@ def test_saturation_against_a_loop_over_elements(kind):
     if kind is Derf:
         def above(v, t):
             return abs(math.erf(a * v + s)) > math.tanh(t)
+    elif kind is Sigmoid:
+        def above(v, t):
+            return abs(2 / (1 + math.exp(-a * v)) - 1) > math.tanh(t)
     else:
         def above(v, t):
             return abs(a * v) > t
