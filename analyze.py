@@ -4,8 +4,8 @@
   spectra     HTSR per 2-D weight: WeightWatcher's alpha of W^T W's ESD, alpha_weighted, stable rank
   rank        effective rank (Roy & Vetterli) of each block's output and each weight
   alpha       learned DyT/Derf alpha against 1 / input std, their Pearson r (annex/alpha.py)
-  scurve      each norm layer's input against its output before the affine: the DyT paper's S-curves,
-              fits of a*tanh(b*x) and a line, R^2, b against 1/std (annex/scurve.py)
+  scurve      the DyT paper's S-curves: each norm layer's input against its output before the
+              affine, fits of a*tanh(b*x) and a line, R^2, b against 1/std (annex/scurve.py)
   all         each of them: one forward pass (scurve: its own), one eigendecomposition per matrix
   python analyze.py saturation out-dyt  # a directory means its ckpt.pt
   python analyze.py all out-ln out-dyt --ckpt=best --json=cmp.json --plot=figs

@@ -87,8 +87,7 @@ class Derf(DyT):  # Dynamic erf: gamma * erf(alpha * x + s) + beta
         return torch.erf(self.squashed(x))
 
 
-# The DyT paper's ablations (Zhu et al. 2025, section 6), with Identity: another squashing, and alpha
-# not learned
+# The DyT paper's ablations (Zhu et al. 2025, section 6), with Identity: other f, alpha fixed
 
 class Sigmoid(DyT):  # gamma * (2 sigmoid(alpha * x) - 1) + beta: tanh's range; = tanh(alpha x / 2)
     @staticmethod
