@@ -221,10 +221,12 @@ def _cut_ok(prev, line):
     return not line[0].isspace() and len(prev) > 1 and not prev[-2].isspace()
 
 
-def tokenize_to_file(tok, chunks, path, num_threads=None, batch=16):
+def tokenize_to_file(tok, chunks, path, num_threads=None, batch=16, end=None):
     """Encode text `chunks` (an iterable of str) with `tok`, `batch` chunks at a time on `num_threads`
-    threads, and write the ids to `path` (write_tokens); returns the number of tokens. Prints MB/s."""
+    threads, and write the ids to `path` (write_tokens), each chunk followed by the id `end` if any
+    (a document's end-of-text); returns the number of tokens. Prints MB/s."""
     t0, nbytes = time.time(), 0
+    tail = [] if end is None else [end]
 
     def arrays():
         nonlocal nbytes
@@ -232,10 +234,11 @@ def tokenize_to_file(tok, chunks, path, num_threads=None, batch=16):
         while group := [c for _, c in zip(range(batch), it)]:
             nbytes += sum(len(c.encode("utf-8")) for c in group)
             if tok.enc is None:
-                yield from (tok.encode(text) for text in group)
+                ids = [tok.encode(text) for text in group]
             else:  # tiktoken releases the GIL, so its threads run in parallel
-                yield from tok.enc.encode_ordinary_batch(group,
-                                                         num_threads=num_threads or os.cpu_count() or 1)
+                ids = tok.enc.encode_ordinary_batch(group,
+                                                    num_threads=num_threads or os.cpu_count() or 1)
+            yield from (a + tail for a in ids)
             rate = nbytes / 1e6 / (time.time() - t0 + 1e-9)
             sys.stderr.write(f"\r  {os.path.basename(path)}: {nbytes / 1e6:.1f} MB of text, "
                              f"{rate:.1f} MB/s ")

@@ -390,6 +390,62 @@ def test_wikitext103_paper_layout(server, tmp_path):
         prepare(out_dir=str(tmp_path / "x"), layout="rows")
 
 
+# Five articles written out in the raw files' format: blank lines are " \n", the file begins with
+# one, titles have one "=" each side; sections, deeper headings and rows with "=" are in articles
+ARTICLES = [
+    " \n = Valkyria Chronicles III = \n \n Senjō no Valkyria 3 is a game .\n \n"
+    " = = Gameplay = = \n \n As with previous games , x = y = z .\n \n"
+    " = = = Story = = = \n \n = the row that starts with an equals sign .\n \n \n",
+    " = Tower Building of the Little Rock Arsenal = \n \n The building , 1840 .\n \n"
+    " = Not a title = = \n \n",
+    " = E = MC2 = \n \n A title with an equals sign in it .\n \n",
+    " = Empty = \n \n",
+    " = Last = \n \n Its last row has no newline .",
+]
+
+
+def test_wikitext103_articles_split_at_titles():
+    from data.wikitext103.prepare import articles
+    text = "".join(ARTICLES)
+    assert list(articles(io.StringIO(text, newline="\n"))) == ARTICLES
+    untitled = " \n \n No title at all .\n \n"
+    assert list(articles(io.StringIO(untitled))) == [untitled]
+    assert list(articles(io.StringIO(""))) == []
+
+
+@needs_ranks
+def test_wikitext103_docs_layout(server, tmp_path, monkeypatch):
+    """One end-of-text after each article, in data/wikitext103/docs/; the zip is downloaded once,
+    and the default layout's files are the whole-file encodes still."""
+    import data.wikitext103.prepare as wikitext
+    monkeypatch.setattr(wikitext, "HERE", str(tmp_path))  # data/wikitext103/, for this test
+    val = [" \n = Valid one = \n \n Text .\n \n", " = Valid two = \n \n More text .\n"]
+    texts = {"train": ARTICLES, "val": val, "test": val[:1]}
+    names = {"train": "wiki.train.raw", "val": "wiki.valid.raw", "test": "wiki.test.raw"}
+    body = make_zip({f"wikitext-103-raw/{names[s]}": "".join(t) for s, t in texts.items()})
+    url = server.serve("/docs/wikitext-103-raw-v1.zip", body)
+    kw = dict(tiktoken_file=RANKS, urls=[url], sha256=sha(body), size=len(body))
+    wikitext.prepare(**kw)
+    meta = wikitext.prepare(layout="docs", **kw)
+    # the default layout's zip, reused
+    assert len(requests_for(server, "/docs/wikitext-103-raw-v1.zip")) == 1
+    enc, docs = get_tokenizer("gpt2", RANKS), tmp_path / "docs"
+    assert enc.eot == 50256 and meta["eot"] == 50256 and meta["layout"] == "docs"
+    for s, arts in texts.items():
+        got = np.fromfile(docs / f"{s}.bin", dtype=np.uint16).tolist()
+        assert got == [i for a in arts for i in enc.encode(a) + [50256]]
+        assert (got.count(50256), meta[f"{s}_documents"], meta[f"{s}_tokens"]) == (
+            len(arts), len(arts), len(got))
+        assert enc.decode(got).split("<|endoftext|>") == arts + [""]
+        default = np.fromfile(tmp_path / f"{s}.bin", dtype=np.uint16).tolist()
+        assert default == enc.encode("".join(arts))  # unchanged: the whole file at once, no eot
+        assert [i for i in got if i != 50256] == default  # the cuts change no id
+    assert meta["train_documents"] == 5
+    assert json.loads((docs / "meta.json").read_text()) == meta
+    assert not (docs / "wikitext-103-raw-v1.zip").exists()
+    assert "train_documents" not in json.loads((tmp_path / "meta.json").read_text())
+
+
 @needs_ranks
 @pytest.mark.parametrize("body", [b"PK\x03\x04 this is not really a zip" * 10,
                                   make_zip({"wikitext-103-raw/wiki.train.raw": "only train"})])

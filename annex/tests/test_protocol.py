@@ -10,7 +10,7 @@ import torch
 from annex.protocol import budget_tokens, eot_id, paper_val_tokens
 from checkpoint import load_checkpoint
 from data.common import DataError, derived_seed, load_meta, load_split, open_data
-from tests.common import data_cfg, own_folder
+from tests.common import GPT2_RANKS, data_cfg, needs_gpt2, own_folder
 from tests.test_train import records, run
 
 
@@ -113,6 +113,42 @@ def test_train_py_trains_on_the_budget_docs_subset(tmp_path):
     # analyze.py measures on the first of those windows: in the run's subset too
     _, windows, seen = analyze.measurement_windows(model, ckpt, dict(analyze.DEFAULTS, windows=5))
     assert seen == n and torch.equal(windows, x[:5])
+
+
+@needs_gpt2
+def test_train_py_draws_whole_articles_of_wikitext103_docs(tmp_path):
+    """train.py --budget_docs on WikiText-103 prepared with --layout=docs (from a local zip): the
+    budget is a seeded subset of whole articles, each with its end-of-text."""
+    import train as train_py
+    from data.common import get_tokenizer
+    from data.wikitext103.prepare import prepare
+    from tests.test_data import make_zip
+    rng = np.random.default_rng(0)
+    words = "the a game of war river city was is in and by".split()
+    arts = [f" = Article {k} = \n \n" + " ".join(rng.choice(words, size=10 + 7 * k)) + " .\n \n"
+            for k in range(12)]
+    arts[0] = " \n" + arts[0]  # the raw files begin with a blank line
+    names = ("train", "valid", "test")
+    body = make_zip({f"wikitext-103-raw/wiki.{s}.raw": "".join(arts) for s in names})
+    d = tmp_path / "docs"
+    d.mkdir()
+    (d / "wikitext-103-raw-v1.zip").write_bytes(body)  # as if downloaded: nothing is fetched
+    prepare(out_dir=str(d), tiktoken_file=GPT2_RANKS, urls=["http://127.0.0.1:9/never-asked"],
+            sha256=None, size=len(body), layout="docs")
+    enc = get_tokenizer("gpt2", GPT2_RANKS)
+    docs = [enc.encode(a) + [50256] for a in arts]  # each article alone, its end-of-text after it
+    out, n = tmp_path / "out", 300
+    assert train_py.main(["--dataset=wikitext103", f"--data_dir={d}", f"--out_dir={out}",
+                          "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16",
+                          "--batch_size=4", "--eval_samples=8", "--max_iters=2", "--compile=False",
+                          "--device=cpu", f"--train_tokens={n}", "--budget_docs=5"]) == 0
+    subset, taken = expected_budget(docs, n, 5)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["budget_tokens"] == n and summary["config"]["budget_docs"] == 5
+    assert summary["layout"] == "docs"
+    assert taken != list(range(len(taken)))  # not the first articles: not the prefix
+    p = np.bincount(subset) / n
+    assert summary["unigram_entropy"] == pytest.approx(-sum(q * math.log(q) for q in p if q > 0))
 
 
 def test_paper_val_is_the_studys_slice_with_windows_redrawn_per_eval(tmp_path):
