@@ -12,8 +12,9 @@ signflip.png and saturation.png:
     collapsed model scores); tokens per parameter as the run saw them, min(budget, steps x tokens/step);
   - each variant's effect against the same architecture with LayerNorm, over the seeds both have: the
     change in nats and % with a paired-t 95% interval, how many seeds agree in sign and (from 3 seeds)
-    the paired t-test's p with Holm's adjustment across the report's comparisons; the sign flip as one
-    intersection-union test (better at the smallest budget AND worse at the largest);
+    the paired t-test's p with Holm's adjustment across the report's comparisons; the sign flip
+    (better at the smallest budget AND worse at the largest) seed by seed with collapses counted,
+    and as one intersection-union test over the paired seeds;
   - collapse counted: per cell the runs collapsed (final train loss within collapse_margin of the unigram
     level), diverged, near unigram (within near_margin) and norm layers over 99% saturated;
   - the screening rule "saturation > threshold -> helps" for DyT and Derf, with collapsed runs dropped
@@ -22,7 +23,8 @@ signflip.png and saturation.png:
     from a bootstrap that resamples scales;
   - mean HTSR alpha and activation effective rank of the final checkpoints (analyze.py, cached in each
     cell's analysis.json; --analysis=False skips them); the study's published figures beside ours.
-Failed and unfinished runs are listed. `python annex/report.py --help` lists the options.
+Failed, unfinished, nonfinite (a loss that is not a number) and damaged runs (a file torn,
+incomplete or lost) are listed with what to do. `python annex/report.py --help` lists the options.
 """
 import functools
 import glob
@@ -41,7 +43,8 @@ from checkpoint import load_checkpoint
 from annex.collapse import COLLAPSE_MARGIN
 from annex.plots import pyplot, save_png
 from annex.stats import bootstrap_rule, holm, intersection_union, paired, rule_stats
-from annex.study import PUBLISHED_RULE, THRESHOLD, command_line, eval_at, label, read_json, status
+from annex.study import (PUBLISHED_RULE, THRESHOLD, command_line, eval_at, has_checkpoint, label,
+                         load_json, log_records, read_json, status)
 from annex.protocol import budget_tokens, eot_id
 from data.common import (DataError, atomic_write, entropy_of, load_meta, load_split, token_counts,
                          write_json)
@@ -54,6 +57,16 @@ OPTIONS = dict(threshold=THRESHOLD, screen_steps=0, collapse_margin=COLLAPSE_MAR
 # the norms with a saturation: model.py's classes with squashed() and cut() (DyT, Derf)
 POINTWISE = tuple(name for name, cls in NORMS.items() if hasattr(cls, 'squashed'))
 ENDED = ('finished', 'collapsed', 'diverged')  # runs that reached their end: intention to treat counts
+STATUSES = ENDED + ('nonfinite', 'damaged', 'failed', 'partial', 'new')
+CELL_KEYS = {'name', 'scale', 'budget', 'variant', 'seed'}
+# what the report reads of a summary.json (and of its config): without one it is incomplete
+SUMMARY_KEYS = ('final_val_loss', 'best_val_loss', 'best_iter', 'final_iter', 'final_train_loss',
+                'n_params', 'saturation', 'config')
+CONFIG_KEYS = ('dataset', 'data_dir', 'train_tokens', 'n_layer', 'n_head', 'n_embd', 'norm')
+# a run's numbers that are averaged or judge it, in words: one not finite sets the run apart
+MEASURED = dict(final='final val loss', best='best val loss', final_paper='final val loss (paper)',
+                train_loss='final train loss', acc='final val accuracy', sat='saturation',
+                screen_sat="saturation at the screen's step")
 MIN_SEEDS_FOR_P = 3  # a t-test on 2 seeds has 1 degree of freedom: signs and intervals say more
 BUDGETS = ('1M', '10M', '50M', 'all')  # the study's; 'all' = all of WikiText-103 train (its "118M")
 # Verma 2026 (arXiv 2604.23434), 64m unless noted.
@@ -115,68 +128,152 @@ def budget_reference(dataset, data_dir, train_tokens, budget_docs=None):
 
 
 def collect(grid_dir, opts):
-    """One row per cell folder (cell.json): status ('collapsed' when a finished run's train loss is at
-    the unigram level of its budget), losses, saturations, tokens per parameter seen, near unigram."""
-    rows = []
-    for path in glob.glob(os.path.join(grid_dir, '*', 'cell.json')):
-        cell, d = read_json(path), os.path.dirname(path)
-        row = dict(name=cell['name'], scale=cell['scale'], budget=label(cell['budget']),
-                   variant=cell['variant'], seed=cell['seed'], dir=d, status=status(d),
-                   budget_tokens=cell['budget'], index=cell.get('index', 0))
-        s = read_json(os.path.join(d, 'summary.json'))
-        if row['status'] == 'failed':
-            failed = read_json(os.path.join(d, 'failed.json'))
-            row['reason'] = f"train.py exited with {failed['returncode']}"
-        if s:
-            cfg = s['config']
-            budget = (cfg['dataset'], cfg['data_dir'], cfg['train_tokens'], cfg.get('budget_docs'))
-            ref = budget_reference(*budget) or dict(  # the data is elsewhere: what train.py recorded
-                entropy=s.get('unigram_entropy'), n_train=s.get('budget_tokens'), val_unigram=None,
-                layout=s.get('layout'))
-            entropy, n_train = ref['entropy'], ref['n_train']
-            seen = min(n_train, s['tokens']) if n_train and s.get('tokens') is not None else n_train
-            steps = opts['screen_steps'] or cell.get('screen_steps', 500)
-            early = eval_at(d, steps)
-            early = early if early and early['iter'] == steps else None  # an eval at exactly that step
-            layers = (s.get('saturation_layers') or {}).values()
-            row.update(dataset=cfg['dataset'], data_dir=cfg['data_dir'],
-                       shape=[cfg['n_layer'], cfg['n_head'], cfg['n_embd']])
-            row.update(norm=cfg['norm'], n_params=s['n_params'], final=s['final_val_loss'],
-                       final_paper=s.get('final_val_loss_paper'),  # the study's protocol, if logged
-                       paper_protocol=bool(cfg.get('paper_val')) and ref['layout'] == 'paper',
-                       best=s['best_val_loss'], best_iter=s['best_iter'], acc=s.get('final_val_acc'),
-                       final_iter=s['final_iter'], train_loss=s['final_train_loss'],
-                       unigram_entropy=entropy, val_unigram=ref['val_unigram'], tokens_seen=seen,
-                       tokens_per_param=seen / s['n_params'] if seen else None,
-                       sat=s['saturation'][AT_2] if s['saturation'] else None,
-                       screen_sat=early['saturation'][AT_2] if early and early['saturation'] else None,
-                       screen_iter=early and early['iter'],
-                       layers_saturated=sum(v[AT_2] > 0.99 for v in layers) if layers else None)
-            if s.get('images'):  # a ViT: its best test accuracy at the study's eval epochs, as reported
-                from annex.vit import accuracy_at_epochs
-                row['acc_epochs'] = accuracy_at_epochs(d)['best_of_those']
-            gap = None if entropy is None or s['final_train_loss'] is None else \
-                entropy - s['final_train_loss']  # nats below the unigram level
-            row['near_unigram'] = row['status'] == 'finished' and gap is not None and \
-                opts['collapse_margin'] <= gap < opts['near_margin']
-            if row['status'] == 'diverged':
-                row['reason'] = s['diverged_reason']
-            elif gap is not None and gap < opts['collapse_margin']:
-                row['status'] = 'collapsed'
-                row['reason'] = (f"train loss {s['final_train_loss']:.3f} is at the unigram level of "
-                                 f"its budget ({entropy:.3f} nats): it predicts token frequencies only")
-            if row['near_unigram']:
-                row['reason'] = (f"train loss {s['final_train_loss']:.3f} is {gap:.2f} nats below the "
-                                 f"unigram level of its budget ({entropy:.3f}): averaged in, flagged")
-        rows.append(row)
+    """One row per cell folder (cell.json, read_run), scales from the smallest model up, then
+    budgets from the smallest, then the grid's order; folders whose cell.json cannot be read
+    last."""
+    rows = [read_run(path, opts) for path in glob.glob(os.path.join(grid_dir, '*', 'cell.json'))]
     if not rows:
         raise SystemExit(f'error: no cell folders (*/cell.json) under {grid_dir}; run a grid first '
                          '(python annex/study.py run config/grid_mini.py)')
-    size = {}  # scales from the smallest model up, then budgets from the smallest, then the grid's order
-    for r in rows:
+    named, unnamed = [r for r in rows if 'scale' in r], [r for r in rows if 'scale' not in r]
+    size = {}
+    for r in named:
         size[r['scale']] = min(size.get(r['scale'], math.inf), r.get('n_params') or math.inf)
-    return sorted(rows, key=lambda r: (size[r['scale']], r['scale'], r['budget_tokens'] or math.inf,
-                                       r['index'], r['variant'] != baseline(r['variant']), r['name']))
+    return sorted(named, key=lambda r: (size[r['scale']], r['scale'],
+                                        r['budget_tokens'] or math.inf, r['index'],
+                                        r['variant'] != baseline(r['variant']), r['name'])) \
+        + sorted(unnamed, key=lambda r: r['name'])
+
+
+def read_run(path, opts):
+    """A cell folder's row: its cell, its status and why, and from a whole summary.json its figures.
+    A damaged folder (cell.json or summary.json torn, incomplete or unreadable; files lost) is
+    'damaged', named with the file and what to do; a run whose losses are not finite,
+    'nonfinite'."""
+    d = os.path.dirname(path)
+    cell, problem = load_json(path)
+    if problem is None and not isinstance(cell, dict):
+        problem = f'{path} is not a JSON object'
+    elif problem is None and not CELL_KEYS <= cell.keys():
+        problem = f"{path} lacks {', '.join(sorted(CELL_KEYS - cell.keys()))}"
+    if problem:  # without its cell the run cannot be placed in the grid
+        return dict(name=os.path.basename(d), dir=d, status='damaged',
+                    reason=f'{problem}: delete {d} and run the grid again')
+    row = dict(name=cell['name'], scale=cell['scale'], budget=label(cell['budget']),
+               variant=cell['variant'], seed=cell['seed'], dir=d, status=status(d),
+               budget_tokens=cell['budget'], index=cell.get('index', 0))
+    records, torn = log_records(d)
+    if torn:
+        row['log_problem'] = (f"{d}/log.jsonl line{'s' * (len(torn) > 1)} "
+                              f"{', '.join(map(str, torn))} not a record (a torn write): skipped; "
+                              'delete the line to clear this note')
+    s, problem = load_json(os.path.join(d, 'summary.json'))
+    if problem is None and s is not None:
+        problem = incomplete(s, os.path.join(d, 'summary.json'))
+    if problem:
+        fix = 'the cell trains anew'
+        if has_checkpoint(d):
+            fix = 'the cell resumes from its checkpoint'
+        row.update(status='damaged', reason=f'{problem}: delete it and run the grid again ({fix})')
+    elif s is None:
+        row.update(unfinished(d, row['status'], records))
+    else:
+        row.update(figures(d, cell, s, opts))
+        row.update(verdict(row, s, opts))
+    return row
+
+
+def incomplete(summary, path):
+    """What a summary.json lacks of what the report reads (None: nothing), in words."""
+    if not isinstance(summary, dict):
+        return f'{path} is not a JSON object'
+    missing = [k for k in SUMMARY_KEYS if k not in summary]
+    if not missing and isinstance(summary['config'], dict):
+        missing = [f'config.{k}' for k in CONFIG_KEYS if k not in summary['config']]
+    elif not missing:
+        missing = ['config (an object)']
+    if missing:
+        return f"{path} is incomplete: no {', '.join(missing)}"
+    return None
+
+
+def unfinished(d, st, records):
+    """Status and reason of a run without summary.json: failed (failed.json), never finished
+    ('partial': a checkpoint, still running or stopped; 'new'), or damaged: its log says it saved a
+    checkpoint or diverged, and neither that nor summary.json is there."""
+    if st == 'failed':
+        failed, problem = load_json(os.path.join(d, 'failed.json'))
+        if problem is None and not isinstance(failed, dict):
+            problem = f'{d}/failed.json is not a JSON object'
+        return dict(reason=problem or f"train.py exited with {failed.get('returncode')}")
+    if st == 'partial':
+        return dict(reason='never finished: a checkpoint and no summary.json (still running, or '
+                           'stopped: run the grid again to resume it)')
+    ended = [r for r in records if r['event'] in ('saved', 'diverged')]
+    if ended:
+        event, it = ended[-1]['event'], ended[-1]['iter']
+        return dict(status='damaged', reason=(
+            f'{d}/log.jsonl records a {event} at iter {it} but summary.json and the checkpoint are '
+            f'missing (files lost): delete {d} and run the grid again'))
+    return {}
+
+
+def figures(d, cell, s, opts):
+    """A run's figures from its summary.json (and the eval at the screen's step from its log)."""
+    cfg = s['config']
+    budget = (cfg['dataset'], cfg['data_dir'], cfg['train_tokens'], cfg.get('budget_docs'))
+    ref = budget_reference(*budget) or dict(  # the data is elsewhere: what train.py recorded
+        entropy=s.get('unigram_entropy'), n_train=s.get('budget_tokens'), val_unigram=None,
+        layout=s.get('layout'))
+    entropy, n_train = ref['entropy'], ref['n_train']
+    seen = min(n_train, s['tokens']) if n_train and s.get('tokens') is not None else n_train
+    steps = opts['screen_steps'] or cell.get('screen_steps', 500)
+    early = eval_at(d, steps)
+    early = early if early and early['iter'] == steps else None  # an eval at exactly that step
+    layers = (s.get('saturation_layers') or {}).values()
+    row = dict(dataset=cfg['dataset'], data_dir=cfg['data_dir'],
+               shape=[cfg['n_layer'], cfg['n_head'], cfg['n_embd']])
+    row.update(norm=cfg['norm'], n_params=s['n_params'], final=s['final_val_loss'],
+               final_paper=s.get('final_val_loss_paper'),  # the study's protocol, if logged
+               paper_protocol=bool(cfg.get('paper_val')) and ref['layout'] == 'paper',
+               best=s['best_val_loss'], best_iter=s['best_iter'], acc=s.get('final_val_acc'),
+               final_iter=s['final_iter'], train_loss=s['final_train_loss'],
+               unigram_entropy=entropy, val_unigram=ref['val_unigram'], tokens_seen=seen,
+               tokens_per_param=seen / s['n_params'] if seen else None,
+               sat=s['saturation'][AT_2] if s['saturation'] else None,
+               screen_sat=early['saturation'][AT_2] if early and early.get('saturation') else None,
+               screen_iter=early and early['iter'],
+               layers_saturated=sum(v[AT_2] > 0.99 for v in layers) if layers else None)
+    if s.get('images'):  # a ViT: its best test accuracy at the study's eval epochs, as reported
+        from annex.vit import accuracy_at_epochs
+        row['acc_epochs'] = accuracy_at_epochs(d)['best_of_those']
+    return row
+
+
+def verdict(row, s, opts):
+    """A run's status beyond the runner's and why: nonfinite (a loss or saturation not a number, set
+    to None), collapsed (train loss at the unigram level), near unigram (flagged), diverged's
+    reason."""
+    bad = {k: row[k] for k in MEASURED if isinstance(row[k], float) and not math.isfinite(row[k])}
+    out = dict.fromkeys(bad) | dict(near_unigram=False)
+    if row['status'] == 'diverged':
+        return out | dict(reason=s['diverged_reason'])
+    if bad:
+        return out | dict(status='nonfinite', reason=(
+            ', '.join(f'{MEASURED[k]} {v}' for k, v in bad.items()) + ': left out, not averaged '
+            "(train.py did not call it diverged): read its train.out and log.jsonl, and delete "
+            f"{row['dir']} to run it again"))
+    entropy, train_loss = row['unigram_entropy'], row['train_loss']
+    gap = None if entropy is None or train_loss is None else entropy - train_loss  # below unigram
+    if gap is not None and gap < opts['collapse_margin']:
+        return out | dict(status='collapsed', reason=(
+            f'train loss {train_loss:.3f} is at the unigram level of its budget ({entropy:.3f} '
+            'nats): it predicts token frequencies only'))
+    if row['status'] == 'finished' and gap is not None and gap < opts['near_margin']:
+        return out | dict(near_unigram=True, reason=(
+            f'train loss {train_loss:.3f} is {gap:.2f} nats below the unigram level of its budget '
+            f'({entropy:.3f}): averaged in, flagged'))
+    return out
 
 
 def baseline(variant):
@@ -212,7 +309,8 @@ def summarize(rows):
     and the effect against the baseline variant at the final and at the best checkpoint."""
     groups = {}
     for r in rows:
-        groups.setdefault((r['scale'], r['budget'], r['variant']), []).append(r)
+        if 'scale' in r:  # a folder whose cell.json is damaged belongs to no cell
+            groups.setdefault((r['scale'], r['budget'], r['variant']), []).append(r)
     out = []
     for (scale, budget, variant), runs in groups.items():
         ok = {r['seed']: r for r in runs if r['status'] == 'finished'}
@@ -222,6 +320,7 @@ def summarize(rows):
                  **{k: sum(r['status'] == k for r in runs) for k in ('collapsed', 'diverged')},
                  near_unigram=sum(r.get('near_unigram', False) for r in runs),
                  excluded={r['name']: r['status'] for r in runs if r['status'] != 'finished'},
+                 status_by_seed={r['seed']: r['status'] for r in runs},
                  tokens_per_param=max((r['tokens_per_param'] for r in ended  # a diverged run saw less
                                        if r['tokens_per_param']), default=None),
                  val_unigram=next((r['val_unigram'] for r in ended if r['val_unigram']), None),
@@ -240,6 +339,8 @@ def summarize(rows):
             for key in ('final', 'best', 'final_paper', 'test_final', 'test_best'):
                 g[f'effect_{key}'] = effect(ok, base, key)
                 g[f'change_{key}'] = g[f'effect_{key}'] and g[f'effect_{key}']['pct']
+            for key in ('sat', 'screen_sat'):  # per protocol: over the seeds the change is over
+                g[key + '_paired'] = mean_std([ok[s].get(key) for s in ok if s in base])[0]
         out.append(g)
     for key in ('final', 'best'):  # Holm over the comparisons with a p-value, one family per checkpoint
         tested = [g[f'effect_{key}'] for g in out if g.get(f'effect_{key}')
@@ -250,27 +351,72 @@ def summarize(rows):
 
 
 def sign_flips(groups):
-    """Per (scale, variant) of a norm other than LayerNorm: the intersection-union test of "better
-    than the baseline at the smallest budget AND worse at the largest" (each one-sided paired t; p = the
-    larger of the two; not corrected across rows), and the seeds in which both hold."""
-    out = []
-    for scale, variant in dict.fromkeys((g['scale'], g['variant']) for g in groups  # norm variants only
-                                        if g.get('effect_final') and g['norm'] != 'layernorm'):
-        cells = [g for g in groups
-                 if (g['scale'], g['variant']) == (scale, variant) and g['effect_final']]
-        if len(cells) < 2:
+    """Per (scale, variant) of a norm other than LayerNorm with a baseline: "better than the
+    baseline at the smallest budget AND worse at the largest", at the scale's smallest and largest
+    budgets always. By intention to treat (flip_by_seed), seed by seed with a collapsed or diverged
+    side counted; per protocol, over the finished paired seeds: the intersection-union test (each
+    one-sided paired t; p = the larger of the two; not corrected across rows) and the seeds in which
+    both hold."""
+    arms, out = {}, []
+    for g in groups:  # budget-sorted
+        arms.setdefault((g['scale'], g['variant']), []).append(g)
+    for (scale, variant), cells in arms.items():
+        norm = next((g['norm'] for g in cells if g['norm']), None)
+        base = {g['budget']: g for g in arms.get((scale, baseline(variant)), [])}
+        if variant == baseline(variant) or norm in (None, 'layernorm') or len(cells) < 2:
             continue
-        small, large = cells[0]['effect_final'], cells[-1]['effect_final']  # groups come budget-sorted
+        small, large = cells[0], cells[-1]
+        if small['budget'] not in base or large['budget'] not in base:
+            continue
+        out.append(dict(scale=scale, variant=variant, small=small['budget'], large=large['budget'],
+                        **flip_by_seed(small, base[small['budget']], large, base[large['budget']]),
+                        **flip_per_protocol(small['effect_final'], large['effect_final'])))
+    return out
+
+
+def seed_signs(g, base):
+    """Per seed of which both sides ended: -1 where the variant is better, +1 where worse, 0
+    neither. Two finished runs: the sign of their change; a collapsed or diverged side is the worse
+    (intention to treat: a collapse is not "better"), and two are neither."""
+    e = g['effect_final']
+    paired = dict(zip(e['seeds'], e['seed_pct'])) if e else {}
+    signs = {}
+    for seed, ours in g['status_by_seed'].items():
+        theirs = base['status_by_seed'].get(seed)
+        if ours not in ENDED or theirs not in ENDED:
+            continue
+        if ours != 'finished' or theirs != 'finished':
+            signs[seed] = (ours != 'finished') - (theirs != 'finished')
+        elif seed in paired:
+            signs[seed] = int(np.sign(paired[seed]))
+    return signs
+
+
+def flip_by_seed(small, small_base, large, large_base):
+    """The flip by intention to treat: seeds better at the smallest budget, worse at the largest,
+    and both, each of the seeds judged there."""
+    at_small, at_large = seed_signs(small, small_base), seed_signs(large, large_base)
+    both = sorted(set(at_small) & set(at_large))
+    return dict(itt_better=sum(v < 0 for v in at_small.values()), itt_small_n=len(at_small),
+                itt_worse=sum(v > 0 for v in at_large.values()), itt_large_n=len(at_large),
+                itt_flipped=sum(at_small[s] < 0 < at_large[s] for s in both), itt_seeds=len(both))
+
+
+def flip_per_protocol(small, large):
+    """The flip over the finished paired seeds (None where a budget has none): each budget's change
+    in % with its interval, the seeds of both budgets that flip, and the intersection-union p."""
+    out = dict(small_pct=None, small_ci=None, large_pct=None, large_ci=None, seeds=0, flipped=0,
+               p=None, n=0)
+    for side, e in (('small', small), ('large', large)):
+        if e:
+            out.update({f'{side}_pct': e['pct'], f'{side}_ci': e['pct_ci']})
+    if small and large:
         seeds = sorted(set(small['seeds']) & set(large['seeds']))
         d_small = dict(zip(small['seeds'], small['seed_pct']))
         d_large = dict(zip(large['seeds'], large['seed_pct']))
-        n = min(small['n'], large['n'])
-        out.append(dict(scale=scale, variant=variant, small=cells[0]['budget'],
-                        large=cells[-1]['budget'],
-                        small_pct=small['pct'], small_ci=small['pct_ci'], large_pct=large['pct'],
-                        large_ci=large['pct_ci'], seeds=len(seeds),
-                        flipped=sum(d_small[s] < 0 < d_large[s] for s in seeds),
-                        p=intersection_union([small['p_less'], large['p_greater']]), n=n))
+        out.update(seeds=len(seeds), flipped=sum(d_small[s] < 0 < d_large[s] for s in seeds),
+                   p=intersection_union([small['p_less'], large['p_greater']]),
+                   n=min(small['n'], large['n']))
     return out
 
 
@@ -279,8 +425,10 @@ Item = namedtuple('Item', 'scale sat screen_sat tokens_per_param helps')  # one 
 
 def rule_items(groups, norm):
     """The rule's items for one norm, one per cell (scale x budget x variant with a LayerNorm
-    baseline): {(analysis, outcome): [Item]}. Per protocol: finished runs, helps iff the mean change is
-    below 0. Intention to treat: every run that ended; a cell with a collapsed or diverged run hurts."""
+    baseline): {(analysis, outcome): [Item]}, helps None where the cell is not scored. Per protocol:
+    the finished paired seeds, helps iff the mean change is below 0, saturation over those seeds.
+    Intention to treat: every run that ended; a cell with a collapsed or diverged run hurts, and one
+    with neither such a run nor paired seeds is not scored."""
     items = {}
     for g in groups:
         if g['norm'] != norm or g['variant'] == baseline(g['variant']) or not g['n_ended']:
@@ -290,21 +438,24 @@ def rule_items(groups, norm):
             continue
         for outcome in ('final', 'best'):
             change = g.get(f'change_{outcome}')
-            if change is not None:
-                items.setdefault(('per protocol', outcome), []).append(
-                    Item(g['scale'], g['sat'], g['screen_sat'], g['tokens_per_param'], change < 0))
-            failed = g['collapsed'] + g['diverged'] > 0
+            helps = None if change is None else change < 0
+            items.setdefault(('per protocol', outcome), []).append(
+                Item(g['scale'], g['sat_paired'], g['screen_sat_paired'], g['tokens_per_param'],
+                     helps))
+            if g['collapsed'] + g['diverged'] > 0:
+                helps = False
             items.setdefault(('intention to treat', outcome), []).append(
-                Item(g['scale'], g['sat_itt'], g['screen_sat_itt'], g['tokens_per_param'],
-                     not failed and change is not None and change < 0))
+                Item(g['scale'], g['sat_itt'], g['screen_sat_itt'], g['tokens_per_param'], helps))
     return items
 
 
 def score_rule(items, opts, screen_steps=None):
-    """Each predictor on the items that have a saturation at the end: saturation at the end and at the
-    screen's step against the threshold, and the baseline 'helps iff tokens per parameter is below t', t
-    fitted on the items (scored as -T/P > -t, so that every rule reads 'score > threshold')."""
-    out, items = [], [i for i in items if i.sat is not None]
+    """Each predictor on the items scored that have a saturation at the end: saturation at the end
+    and at the screen's step against the threshold, and the baseline 'helps iff tokens per parameter
+    is below t', t fitted on the items (scored as -T/P > -t, so that every rule reads 'score >
+    threshold'); not_scored counts the other items."""
+    out, cells = [], len(items)
+    items = [i for i in items if i.sat is not None and i.helps is not None]
     for predictor, score, threshold in (
             ('saturation (end)', lambda i: i.sat, opts['threshold']),
             (f'saturation (step {screen_steps})', lambda i: i.screen_sat, opts['threshold']),
@@ -317,7 +468,7 @@ def score_rule(items, opts, screen_steps=None):
         one_scale = len({i[0] for i in scored}) < 2  # resampling one scale gives the same cells
         res['intervals'] = {} if one_scale else bootstrap_rule(scored, opts['bootstrap'], opts['seed'],
                                                                threshold)
-        out.append(dict(res, predictor=predictor))
+        out.append(dict(res, predictor=predictor, not_scored=cells - len(scored)))
     return out
 
 
@@ -455,36 +606,44 @@ def table(header, rows):
 
 def rule_table(rule):
     """The rule's rows: right of n with the exact binomial 95% interval; balanced accuracy, AUC and
-    leave-one-scale-out with the scale-resampling bootstrap's 95% interval."""
+    leave-one-scale-out with the scale-resampling bootstrap's 95% interval; leave-one-scale-out's
+    range over tie-breaks; the cells not scored."""
     def boot(r, key, spec='.2f'):
         return fmt(r[key], spec) + interval(r['intervals'].get(key), spec)
     return table(['norm', 'runs counted', 'outcome at', 'predictor', 'threshold',
-                  'right of n (exact 95%)', 'balanced accuracy', 'AUC', 'leave-one-scale-out'],
+                  'right of n (exact 95%)', 'balanced accuracy', 'AUC', 'leave-one-scale-out',
+                  'leave-one-scale-out, any tie-break', 'not scored'],
                  [[r.get('norm', 'dyt'), r.get('analysis', '-'), r.get('outcome', 'final'),
                    r['predictor'], (f"T/P < {-r['threshold']:.3g}" if r['predictor'].startswith('tokens')
                                     else f"> {r['threshold']:.3g}"),
                    f"{r['correct']} of {r['n']} = {fmt(r['accuracy'], '.0%')}"
                    f"{interval(r['accuracy_ci'], '.0%')}",
-                   boot(r, 'balanced_accuracy'), boot(r, 'auc'), boot(r, 'loso')] for r in rule])
+                   boot(r, 'balanced_accuracy'), boot(r, 'auc'), boot(r, 'loso'),
+                   interval(r['loso_range'], '.2f').strip() or '-', r.get('not_scored', 0)]
+                  for r in rule])
 
 
-RULE_NOTE = ('Per protocol drops collapsed and diverged runs (the study\'s way); intention to treat '
-             'keeps every run that ended and scores a cell with a collapsed or diverged run as "hurts". '
+RULE_NOTE = ('Per protocol drops collapsed and diverged runs (the study\'s way) and scores a cell '
+             'on its finished seeds paired with LayerNorm, saturation included; intention to treat '
+             'keeps every run that ended and scores a cell with a collapsed or diverged run as '
+             '"hurts"; a cell with neither paired seeds nor such a run is not scored, and counted. '
              'The tokens-per-parameter baseline fits its threshold on the same cells (in-sample, so it '
-             'is favoured); leave-one-scale-out refits every threshold on the other scales. Intervals: '
-             'exact (Clopper-Pearson) for the count right, otherwise percentiles of {boot} bootstrap '
-             'resamples of scales (cells of one scale are not independent; one scale gives none).')
+             'is favoured); leave-one-scale-out refits every threshold on the other scales, a tie '
+             'to the smallest threshold for every predictor (predicting "helps" more often), '
+             'beside its range over every tie-break. Intervals: exact (Clopper-Pearson) for the '
+             'count right, otherwise percentiles of {boot} bootstrap resamples of scales (cells of '
+             'one scale are not independent; one scale gives none).')
 
 
 def markdown(grid_dir, rows, groups, flips, rule, link, pub, opts):
-    counts = {st: sum(r['status'] == st for r in rows) for st in ('finished', 'collapsed', 'diverged',
-                                                                  'failed', 'partial', 'new')}
+    counts = {st: sum(r['status'] == st for r in rows) for st in STATUSES}
     near = sum(r.get('near_unigram', False) for r in rows)
     md = [f'# Study report: {grid_dir}', '',
           'Runs: ' + ', '.join(f'{n} {st}' for st, n in counts.items() if n)
           + (f' ({near} of the finished near the unigram level)' if near else '') + '. Means and sample '
           'standard deviations (ddof 1) over finished runs; collapsed (final train loss within '
-          f"{opts['collapse_margin']} nats of the budget's unigram level), diverged, failed and "
+          f"{opts['collapse_margin']} nats of the budget's unigram level), diverged, nonfinite (a "
+          'loss that is not a number), damaged (a file torn, incomplete or lost), failed and '
           'unfinished runs are counted and listed, not averaged in; near unigram (within '
           f"{opts['near_margin']} nats) are averaged in and flagged. Tokens/param: what the run saw, "
           'min(budget, steps x tokens per step). Unigram level on val: the val loss of predicting the '
@@ -519,19 +678,7 @@ def markdown(grid_dir, rows, groups, flips, rule, link, pub, opts):
                 [[g['scale'], g['budget'], f"{g['variant']} vs {baseline(g['variant'])}",
                   *effect_cells(g.get('effect_final')), *effect_cells(g.get('effect_best'))]
                  for g in compared]) if compared else ['No variant has a baseline in this grid.', '']
-    if flips:
-        md += ['## The sign flip', '',
-               'Better than LayerNorm at the smallest budget AND worse at the largest (final '
-               'checkpoint): the seeds where both hold, and the intersection-union test (each '
-               f'one-sided paired t at level alpha, p = the larger; from {MIN_SEEDS_FOR_P} seeds; not '
-               'corrected across rows).', '']
-        md += table(['scale', 'variant', 'smallest budget: %', 'largest budget: %', 'seeds that flip',
-                     'IUT p'],
-                    [[f['scale'], f['variant'], f"{f['small']}: {f['small_pct']:+.1f}%"
-                      f"{interval(f['small_ci'], '+.1f')}",
-                      f"{f['large']}: {f['large_pct']:+.1f}%{interval(f['large_ci'], '+.1f')}",
-                      f"{f['flipped']} of {f['seeds']}",
-                      fmt(f['p'], '.3f') if f['n'] >= MIN_SEEDS_FOR_P else '-'] for f in flips])
+    md += flip_section(flips)
     md += [f"## Screening rule: saturation > {opts['threshold']} -> helps, and a tokens-per-parameter "
            'baseline', '', RULE_NOTE.format(boot=opts['bootstrap']) + f' {PUBLISHED_RULE}.', '']
     md += rule_table(rule) if rule else ['No DyT or Derf cell with a LayerNorm baseline.', '']
@@ -574,8 +721,38 @@ def markdown(grid_dir, rows, groups, flips, rule, link, pub, opts):
     md += ['## Runs not averaged, or flagged', '']
     md += [f"- {r['name']}: **{'near unigram' if r.get('near_unigram') else r['status']}**"
            + (f" ({r['reason']})" if r.get('reason') else '')
-           for r in rows if r['status'] != 'finished' or r.get('near_unigram')] or ['None.']
+           + (f"; {r['log_problem']}" if r.get('log_problem') else '')
+           for r in rows if r['status'] != 'finished' or r.get('near_unigram')
+           or r.get('log_problem')] or ['None.']
     return '\n'.join(md) + '\n'
+
+
+def flip_section(flips):
+    """The sign flip's table: by intention to treat, seed by seed, and per protocol beside it."""
+    if not flips:
+        return []
+    md = ['## The sign flip', '',
+          'Better than LayerNorm at the smallest budget AND worse at the largest (final '
+          "checkpoint), at the scale's smallest and largest budgets. By intention to treat, seed "
+          'by seed over the seeds whose runs ended on both sides: a collapsed or diverged run is '
+          'the worse side (a collapse is not "better"). Per protocol, over the finished seeds '
+          'paired with LayerNorm: '
+          'the change in % (paired 95% interval), the seeds that flip, and the intersection-union '
+          f'test (each one-sided paired t at level alpha, p = the larger; from {MIN_SEEDS_FOR_P} '
+          'seeds; not corrected across rows); "-" where a budget has no paired seeds.', '']
+    return md + table(
+        ['scale', 'variant', 'budgets', 'ITT: better at the smallest', 'ITT: worse at the largest',
+         'ITT: seeds that flip', 'per protocol: smallest %', 'per protocol: largest %',
+         'per protocol: seeds that flip', 'per protocol: IUT p'],
+        [[f['scale'], f['variant'], f"{f['small']}, {f['large']}",
+          f"{f['itt_better']} of {f['itt_small_n']}", f"{f['itt_worse']} of {f['itt_large_n']}",
+          f"{f['itt_flipped']} of {f['itt_seeds']}", signed_pct(f['small_pct'], f['small_ci']),
+          signed_pct(f['large_pct'], f['large_ci']), f"{f['flipped']} of {f['seeds']}",
+          fmt(f['p'], '.3f') if f['n'] >= MIN_SEEDS_FOR_P else '-'] for f in flips])
+
+
+def signed_pct(pct, ci):
+    return '-' if pct is None else f"{pct:+.1f}%{interval(ci, '+.1f')}"
 
 
 def plots(report_dir, groups, opts):
@@ -686,6 +863,18 @@ def published_rule(opts):
     return out, '\n'.join(md) + '\n'
 
 
+def finite(obj):
+    """obj with every float that is not finite as None: JSON has no NaN or infinity (json.dumps
+    would write NaN, which strict readers refuse)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
+
+
 def main(argv):
     """The report on the grid folder in argv (and --key=value options): what report.json holds."""
     # `report --published` reads as the issue of a flag, not a path: the one bare flag taken
@@ -713,10 +902,11 @@ def main(argv):
     result = dict(runs=rows, groups=groups, sign_flips=flips, rule=rule, screen_vs_final=link,
                   published=pub)
     write_json(os.path.join(rest[0], 'report.json'),
-               dict(schema='nanonorm-study-report/2', options=opts, **result,
-                    # what `screen` reads our accuracy of the rule from: reports of its data and shape
-                    datasets=sorted({r['dataset'] for r in rows if 'dataset' in r}),
-                    shapes=sorted({tuple(r['shape']) for r in rows if 'shape' in r})))
+               finite(dict(schema='nanonorm-study-report/2', options=opts, **result,
+                           # what `screen` reads our accuracy of the rule from: reports of its data
+                           # and shape
+                           datasets=sorted({r['dataset'] for r in rows if 'dataset' in r}),
+                           shapes=sorted({tuple(r['shape']) for r in rows if 'shape' in r}))))
     atomic_write(os.path.join(rest[0], 'report.md'), lambda f: f.write(md.encode()))
     names = plots(rest[0], groups, opts)
     print(md + f"\nwrote {rest[0]}/report.md, report.json" + ''.join(f', {n}' for n in names))

@@ -150,50 +150,67 @@ def auc(scores, positive):
     return sum((p > q) + 0.5 * (p == q) for p in pos for q in neg) / (len(pos) * len(neg))
 
 
-def fit_threshold(scores, outcomes, prior=None):
-    """The threshold t with the best accuracy of "outcome iff score > t". Candidates: one below all the
-    scores, the midpoints between consecutive distinct scores, one above all, and the prior when given.
-    Ties go to the candidate closest to the prior (then the smaller), or without a prior to the
-    smallest."""
+def candidates(scores):
+    """One threshold per gap of the sorted distinct scores (every threshold in a gap predicts
+    alike): one below all, the midpoints between consecutive scores, one above all."""
     s = sorted(set(scores))
-    cands = [s[0] - 1] + [(x + y) / 2 for x, y in zip(s, s[1:])] + [s[-1] + 1]
-    cands += [] if prior is None else [prior]
-
-    def key(t):
-        right = sum((x > t) == y for x, y in zip(scores, outcomes))
-        return right, 0 if prior is None else -abs(t - prior), -t
-    return max(cands, key=key)
+    return [s[0] - 1] + [(x + y) / 2 for x, y in zip(s, s[1:])] + [s[-1] + 1]
 
 
-def rule_stats(items, threshold=None, prior=None):
-    """How well "outcome iff score > threshold" predicts, on items [(group, score, outcome)]: accuracy
-    with its exact interval, balanced accuracy (mean of the two classes' recalls), AUC of the score, and
-    leave-one-group-out accuracy (each group predicted by a threshold fitted on the other groups, ties
-    going to the given threshold, else to `prior`; None with one group). threshold None: fitted
-    in-sample (fitted=True)."""
+def best_thresholds(scores, outcomes, cands):
+    """The candidates t with the best accuracy of "outcome iff score > t", in their order."""
+    right = [sum((x > t) == y for x, y in zip(scores, outcomes)) for t in cands]
+    return [t for t, r in zip(cands, right) if r == max(right)]
+
+
+def fit_threshold(scores, outcomes):
+    """The threshold with the best accuracy, ties to the smallest: for every predictor written as
+    'score > threshold', a tie goes to predicting "helps" more often."""
+    return best_thresholds(scores, outcomes, candidates(scores))[0]
+
+
+def rule_stats(items, threshold=None):
+    """How well "outcome iff score > threshold" predicts, on items [(group, score, outcome)]:
+    accuracy with its exact interval, balanced accuracy (mean of the two classes' recalls), AUC of
+    the score, and leave-one-group-out accuracy (each group predicted by a threshold fitted on the
+    other groups; None with one group) with loso_range, its lowest and highest over every choice
+    among tied thresholds. The refit ignores the given threshold, so that the tie-break is the same
+    for every predictor. threshold None: fitted in-sample (fitted=True)."""
     n = len(items)
     if n == 0:
         return dict(n=0) | dict.fromkeys(('threshold', 'fitted', 'correct', 'accuracy', 'accuracy_ci',
-                                          'balanced_accuracy', 'auc', 'loso', 'loso_correct'))
+                                          'balanced_accuracy', 'auc', 'loso', 'loso_correct',
+                                          'loso_range'))
     groups = [g for g, _, _ in items]
     scores, outcomes = [float(s) for _, s, _ in items], [bool(y) for _, _, y in items]
     fitted = threshold is None
     if fitted:
-        threshold = fit_threshold(scores, outcomes, prior)
+        threshold = fit_threshold(scores, outcomes)
     right = [(s > threshold) == y for s, y in zip(scores, outcomes)]
     recalls = [np.mean([r for r, y in zip(right, outcomes) if y == cls]) for cls in set(outcomes)]
-    loso_correct = None
+    loso = dict(loso=None, loso_correct=None, loso_range=None)
     if len(set(groups)) > 1:
-        loso_correct, tie_break = 0, prior if fitted else threshold
-        for held in set(groups):
-            t = fit_threshold([s for s, g in zip(scores, groups) if g != held],
-                              [y for y, g in zip(outcomes, groups) if g != held], tie_break)
-            loso_correct += sum((s > t) == y for s, y, g in zip(scores, outcomes, groups) if g == held)
+        folds = [leave_out(scores, outcomes, groups, held) for held in sorted(set(groups))]
+        loso = dict(loso_correct=sum(f[0] for f in folds), loso=sum(f[0] for f in folds) / n,
+                    loso_range=[sum(f[1] for f in folds) / n, sum(f[2] for f in folds) / n])
     return dict(n=n, threshold=threshold, fitted=fitted, correct=sum(right), accuracy=sum(right) / n,
                 accuracy_ci=list(clopper_pearson(sum(right), n)),
                 balanced_accuracy=float(np.mean(recalls)) if len(recalls) == 2 else None,
-                auc=auc(scores, outcomes), loso=None if loso_correct is None else loso_correct / n,
-                loso_correct=loso_correct)
+                auc=auc(scores, outcomes), **loso)
+
+
+def leave_out(scores, outcomes, groups, held):
+    """The held-out group's items right at the threshold fitted on the other groups, then the fewest
+    and the most right over every threshold that fits the others as well (any tie-break): the
+    candidates of all the scores, so that a gap of the others' scores holding held-out scores counts
+    once per side of each."""
+    rest = [(s, y) for s, y, g in zip(scores, outcomes, groups) if g != held]
+    rest_scores, rest_outcomes = [s for s, _ in rest], [y for _, y in rest]
+    mine = [(s, y) for s, y, g in zip(scores, outcomes, groups) if g == held]
+    ties = best_thresholds(rest_scores, rest_outcomes, candidates(scores))
+    counts = [sum((s > t) == y for s, y in mine) for t in ties]
+    fitted = fit_threshold(rest_scores, rest_outcomes)
+    return sum((s > fitted) == y for s, y in mine), min(counts), max(counts)
 
 
 def cluster_resamples(items, n_boot, seed):
@@ -209,10 +226,10 @@ def cluster_resamples(items, n_boot, seed):
             for _ in range(n_boot)]
 
 
-def bootstrap_rule(items, n_boot, seed, threshold=None, prior=None):
+def bootstrap_rule(items, n_boot, seed, threshold=None):
     """95% percentile intervals [lo, hi] of rule_stats' accuracy, balanced_accuracy, auc and loso over
     cluster_resamples; resamples where a statistic is undefined are dropped (None if none is left)."""
-    draws = [rule_stats(r, threshold, prior) for r in cluster_resamples(items, n_boot, seed)]
+    draws = [rule_stats(r, threshold) for r in cluster_resamples(items, n_boot, seed)]
     out = {}
     for key in ('accuracy', 'balanced_accuracy', 'auc', 'loso'):
         vals = [d[key] for d in draws if d[key] is not None]

@@ -173,18 +173,28 @@ def load_grid(path):
     return grid, cells
 
 
-def read_json(path):
+def read_json(path):  # None when missing, unreadable or not valid JSON
+    return load_json(path)[0]
+
+
+def load_json(path):
+    """(the file's JSON, None); (None, None) when it is missing; (None, what is wrong) when it
+    cannot be read or is not valid JSON (a torn or cut write)."""
     try:
         with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
+            return json.load(f), None
+    except FileNotFoundError:
+        return None, None
+    except ValueError as e:  # UnicodeDecodeError too
+        return None, f'{path} is not valid JSON ({e}): a torn or cut write'
+    except OSError as e:
+        return None, f'{path} cannot be read ({e.strerror})'
 
 
 def status(cell_dir):
     """'finished' | 'diverged' (summary.json) | 'failed' (failed.json) | 'partial' (ckpt.pt) | 'new'."""
     summary = read_json(os.path.join(cell_dir, 'summary.json'))
-    if summary:
+    if isinstance(summary, dict) and summary:  # anything else is damage, which the report names
         return 'diverged' if summary.get('diverged') else 'finished'
     if os.path.exists(os.path.join(cell_dir, 'failed.json')):
         return 'failed'
@@ -412,9 +422,29 @@ def cmd_run(argv):
 
 def eval_at(cell_dir, step):
     """The eval record of a run at its last evaluation at or before `step` (None: none after 0)."""
-    evals = read_log(os.path.join(cell_dir, 'log.jsonl'),
-                     lambda r: r['event'] == 'eval' and 0 < r['iter'] <= step)
+    evals = [r for r in log_records(cell_dir)[0] if r['event'] == 'eval' and 0 < r['iter'] <= step]
     return evals[-1] if evals else None
+
+
+def log_records(cell_dir):
+    """A run's log.jsonl records (none when it is missing) and the numbers of its lines that are not
+    a record (a torn write, or not train.py's: no event or iter), which are skipped."""
+    records, torn = [], []
+    try:
+        with open(os.path.join(cell_dir, 'log.jsonl'), errors='replace') as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return records, torn
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict) and 'event' in record and 'iter' in record:
+            records.append(record)
+        else:
+            torn.append(number)
+    return records, torn
 
 
 def cmd_screen(argv):

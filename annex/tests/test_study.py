@@ -40,24 +40,28 @@ T975 = {1: math.tan(math.pi * 0.475), 2: 0.95 / math.sqrt(2 * 0.975 * 0.025)}  #
 
 
 def test_leave_one_scale_out_on_separable_cells():
-    # each scale alone is one class; the published 0.43 fits it perfectly and predicts the other scale
-    # right
+    # each scale alone is one class, so every threshold on one side of it fits it: the tie goes to
+    # the smallest, whatever the threshold given. Fitted on b (all help) -> below all, 0.5 - 1: a's
+    # two predicted to help, wrong; fitted on a (all hurt) -> above all, 1.2: b's two predicted to
+    # hurt, wrong. Another tie-break gets each scale right: 0 to 4 of 4.
     items = [('a', 0.1, False), ('a', 0.2, False), ('b', 0.5, True), ('b', 0.6, True)]
-    assert stats.rule_stats(items, 0.43)['loso'] == 1.0
-    # a threshold the other scale contradicts: fitted on b (0.45 hurts, 0.7 helps) -> 0.575; a's 0.5 then
-    # predicted to hurt although it helps; fitted on a (0.3 hurts, 0.5 helps) -> 0.43 (tie with 0.4); b:
-    # 0.45 wrong, 0.7 right
+    res = stats.rule_stats(items, 0.43)
+    assert (res['loso'], res['loso_range']) == (0.0, [0.0, 1.0])
+    # fitted on b (0.45 hurts, 0.7 helps) -> 0.575: a's 0.3 right, 0.5 wrong; fitted on a (0.3
+    # hurts, 0.5 helps) -> 0.4: b's 0.45 wrong, 0.7 right. As well fitted: b by any t in [0.45, 0.7)
+    # (a: 2 right below 0.5, 1 above), a by any t in [0.3, 0.5) (b: 1 right below 0.45, 2 above)
     items = [('a', 0.3, False), ('a', 0.5, True), ('b', 0.45, False), ('b', 0.7, True)]
-    assert stats.rule_stats(items, 0.43)['loso'] == 0.5
+    res = stats.rule_stats(items, 0.43)
+    assert (res['loso'], res['loso_range']) == (0.5, [0.5, 1.0])
 
 
-# -------------------------------------------------------------------------- the report on synthetic runs
-# DyT seed-mean saturations and whether DyT helps, chosen so that the rule's figures are known by hand:
-# threshold 0.43 is right on 3 of 4 cells (64m/1M, 64m/all, 124m/all; wrong on 124m/1M) -> accuracy 0.75;
-# helps: {0.60 right, 0.38 wrong} -> TPR 0.5, hurts: both right -> balanced accuracy 0.75;
-# AUC: positives {0.60, 0.38} vs negatives {0.40, 0.20}: 3 of 4 pairs ordered -> 0.75;
-# leave-one-scale-out: 124m alone fits 0.29 (64m: 0.60 right, 0.40 wrong), 64m alone is fitted as well by
-# 0.43 as by 0.50 and keeps 0.43 (124m: 0.38 wrong, 0.20 right) -> 2 of 4 = 0.5.
+# -------------------------------------------------------------------------- the report on synthetic
+# runs DyT seed-mean saturations and whether DyT helps, chosen so that the rule's figures are known
+# by hand: threshold 0.43 is right on 3 of 4 cells (64m/1M, 64m/all, 124m/all; wrong on 124m/1M) ->
+# accuracy 0.75; helps: {0.60 right, 0.38 wrong} -> TPR 0.5, hurts: both right -> balanced accuracy
+# 0.75; AUC: positives {0.60, 0.38} vs negatives {0.40, 0.20}: 3 of 4 pairs ordered -> 0.75;
+# leave-one-scale-out: 124m alone fits 0.29 (64m: 0.60 right, 0.40 wrong), 64m alone fits 0.50
+# (124m: 0.38 wrong, 0.20 right) -> 2 of 4 = 0.5.
 SAT = {('64m', '1M'): (0.60, True), ('64m', 'all'): (0.40, False), ('124m', '1M'): (0.38, True),
        ('124m', 'all'): (0.20, False)}
 
@@ -249,7 +253,8 @@ def test_collapse_counted_tokens_seen_and_saturated_layers(tmp_path):
     assert ref['val_unigram'] == pytest.approx(unigram_on_val(d, 1000))
     assert cells['all', 'ln']['near_unigram'] == 1 and cells['all', 'ln']['final'] == 3.0
     items = report.rule_items(groups, 'dyt')
-    assert [i[0] for i in items['per protocol', 'final']] == ['a']  # the collapsed cell disappears
+    # per protocol the collapsed cell is not scored: no paired seeds
+    assert [i.helps for i in items['per protocol', 'final']] == [None, False]
     # by intention to treat it is there: saturation 0.8 predicts "helps", the cell counts as "hurts"
     itt = items['intention to treat', 'final']
     assert [(i[0], i[4]) for i in itt] == [('a', False), ('a', False)]
@@ -375,6 +380,172 @@ def test_a_zero_spread_comparison_stays_in_holm_s_family(tmp_path):
     lo, hi = sorted(p, key=p.get)
     assert effects[lo]['holm'] == pytest.approx(min(1, 3 * p[lo]))  # 3 comparisons
     assert effects[hi]['holm'] == pytest.approx(max(min(1, 3 * p[lo]), min(1, 2 * p[hi])))
+
+
+def test_the_sign_flip_is_judged_at_the_smallest_budget_when_every_dyt_seed_collapsed(tmp_path):
+    """Scale s: every DyT seed collapsed at 1M (with a lower val loss than LayerNorm's, the fake
+    win), helped at 10M and hurt on all: the flip is judged at 1M and all, not at 10M. Scale t: a
+    collapsed or diverged side is the worse one, seed by seed, and two are neither."""
+    root = str(tmp_path / 'grid')
+    h = dict(unigram_entropy=6.0, budget_tokens=10 ** 6)  # train loss 5.95: collapsed, 1.0: not
+    ln = {1_000_000: [7.0, 7.2, 6.9], 10_000_000: [4.0, 4.1, 3.9], None: [3.0, 3.1, 2.95]}
+    dyt = {1_000_000: [6.0, 6.0, 6.1], 10_000_000: [3.7, 3.9, 3.75], None: [3.1, 3.15, 3.1]}
+    for budget in ln:
+        for k, seed in enumerate((1, 2, 3)):
+            write_run(root, 's', budget, 'ln', seed, ln[budget][k], ln[budget][k], **h)
+            write_run(root, 's', budget, 'dyt', seed, dyt[budget][k], dyt[budget][k], 0.6,
+                      train_loss=5.95 if budget == 1_000_000 else 1.0, **h)
+    # t, seed by seed (ITT sign at 1M, at all): 1: LN diverged, DyT finished (better) / DyT
+    # collapsed (worse): a flip; 2: both collapsed (neither) / DyT higher (worse); 3: lower (better)
+    # / lower
+    for seed, small, large in ((1, ('diverged', 'finished'), ('finished', 'collapsed')),
+                               (2, ('collapsed', 'collapsed'), ('finished', 'finished')),
+                               (3, ('finished', 'finished'), ('finished', 'finished'))):
+        for budget, sides in ((1_000_000, small), (None, large)):
+            for variant, side, loss in zip(('ln', 'dyt'), sides, (4.0, 4.2 if seed == 2 else 3.8)):
+                sat = 0.6 if variant == 'dyt' else None
+                write_run(root, 't', budget, variant, seed, loss, loss, sat,
+                          train_loss=5.95 if side == 'collapsed' else 1.0,
+                          diverged=side == 'diverged', diverged_reason='non-finite loss', **h)
+    rep = study.main(['report', root, '--analysis=False', '--bootstrap=10'])
+    flips = {f['scale']: f for f in rep['sign_flips']}
+    f = flips['s']
+    assert (f['small'], f['large']) == ('1M', 'all')
+    assert (f['itt_better'], f['itt_small_n'], f['itt_worse'], f['itt_large_n']) == (0, 3, 3, 3)
+    assert (f['itt_flipped'], f['itt_seeds']) == (0, 3)
+    # per protocol: no paired seed at 1M, so no flip to count and no p
+    assert (f['small_pct'], f['flipped'], f['seeds'], f['p']) == (None, 0, 0, None)
+    assert f['large_pct'] == pytest.approx(100 * (np.mean(dyt[None]) - np.mean(ln[None]))
+                                           / np.mean(ln[None]))
+    f = flips['t']
+    assert (f['itt_better'], f['itt_small_n'], f['itt_worse'], f['itt_large_n']) == (2, 3, 2, 3)
+    assert (f['itt_flipped'], f['itt_seeds']) == (1, 3)
+    # per protocol, seed 3 alone finished on both sides at both budgets
+    assert (f['seeds'], f['flipped']) == (1, 0)
+    md = open(os.path.join(root, 'report.md')).read()
+    assert '| s | dyt | 1M, all | 0 of 3 | 3 of 3 | 0 of 3 | - |' in md
+
+
+def test_unpaired_cells_paired_saturation_and_tied_thresholds(tmp_path):
+    """a/10M: DyT seeds 3 and 4 against LayerNorm's 1 and 2, nothing collapsed: not scored either
+    way (it used to "hurt" by intention to treat). b/all: DyT's unpaired seed 3 (saturation 0.95) is
+    not in the per-protocol saturation. The other four cells are one class per scale for both
+    predictors, so leave-one-scale-out's refits are all ties, broken the same way for both."""
+    root = str(tmp_path / 'grid')
+    # DyT's loss, saturation and tokens seen, per cell
+    cells = {('a', 1_000_000): (5.5, 0.1, 400), ('a', None): (4.4, 0.2, 300),
+             ('b', 1_000_000): (4.5, 0.6, 100), ('b', None): (3.6, 0.5, 200)}
+    h = dict(budget_tokens=10 ** 6)
+    for (scale, budget), (loss, sat, tokens) in cells.items():
+        for seed in (1, 2):
+            ln = 5.0 if budget else 4.0
+            write_run(root, scale, budget, 'ln', seed, ln, ln, tokens=tokens, **h)
+            spread = 0.01 if seed == 1 else -0.01
+            write_run(root, scale, budget, 'dyt', seed, loss, loss, sat + spread, tokens=tokens,
+                      **h)
+    write_run(root, 'b', None, 'dyt', 3, 3.6, 3.6, 0.95, tokens=200, **h)
+    for seed in (1, 2):
+        write_run(root, 'a', 10_000_000, 'ln', seed, 4.5, 4.5, tokens=250, **h)
+        write_run(root, 'a', 10_000_000, 'dyt', seed + 2, 4.6, 4.6, 0.9, tokens=250, **h)
+    rep = study.main(['report', root, '--analysis=False', '--bootstrap=10'])
+    groups = {(g['scale'], g['budget'], g['variant']): g for g in rep['groups']}
+    assert groups['b', 'all', 'dyt']['sat_paired'] == pytest.approx(0.5)  # seeds 1 and 2
+    assert groups['b', 'all', 'dyt']['sat'] == pytest.approx((0.51 + 0.49 + 0.95) / 3)
+    rule = {(r['analysis'], r['outcome'], r['predictor']): r for r in rep['rule']}
+    for analysis in ('per protocol', 'intention to treat'):
+        sat = rule[analysis, 'final', 'saturation (end)']
+        # a/1M 0.1 and a/all 0.2 hurt, b/1M 0.6 and b/all 0.5 (ITT 0.65) help: 0.43 right on all 4
+        assert (sat['n'], sat['correct'], sat['not_scored']) == (4, 4, 1)
+    # leave-one-scale-out: a left out, b (all help) is fitted as well by any threshold below 0.5 and
+    # the smallest tie, 1 below all, predicts a helps: 0 of 2; b left out, a (all hurt) by any above
+    # 0.2, the smallest tie 0.2 + 1: b hurts, 0 of 2. Tokens per parameter alike (a: T/P 0.4 and
+    # 0.3, b: 0.1 and 0.2). Any other tie-break: 0 to 2 right in each fold.
+    for predictor in ('saturation (end)', 'tokens/param (fitted)'):
+        r = rule['per protocol', 'final', predictor]
+        assert (r['loso'], r['loso_range']) == (0.0, [0.0, 1.0])
+    md = open(os.path.join(root, 'report.md')).read()
+    assert '| 0.00 [0.00, 0.00] | [0.00, 1.00] | 1 |' in md  # the bootstrap's interval, the range
+
+
+def test_a_nonfinite_final_loss_is_set_apart(tmp_path):
+    """DyT seed 4 at 1M ends with a NaN val loss (not called diverged): its own status, in no mean,
+    no change and no p, so Holm's values are those of the two comparisons on seeds 1-3; the rule
+    scores its cell by its change, not as "hurts"; report.json has no NaN."""
+    root = str(tmp_path / 'grid')
+    ln = {'1M': [5.0, 5.2, 4.9, 5.1], 'all': [3.0, 3.1, 2.95]}
+    dyt = {'1M': [4.6, 4.9, 4.7, math.nan], 'all': [3.1, 3.15, 3.1]}
+    for budget, n in (('1M', 1_000_000), ('all', None)):
+        for k, loss in enumerate(ln[budget]):
+            write_run(root, 's', n, 'ln', k + 1, loss, loss)
+        for k, loss in enumerate(dyt[budget]):
+            write_run(root, 's', n, 'dyt', k + 1, loss, 4.0 if math.isnan(loss) else loss, 0.5)
+    rep = study.main(['report', root, '--analysis=False', '--bootstrap=10'])
+    run = next(r for r in rep['runs'] if r['name'] == 's_1M_dyt_s4')
+    assert run['status'] == 'nonfinite' and 'final val loss nan' in run['reason']
+    g = {g['budget']: g for g in rep['groups'] if g['variant'] == 'dyt'}
+    assert g['1M']['final'] == pytest.approx(np.mean(dyt['1M'][:3]))
+    assert g['1M']['effect_final']['seeds'] == [1, 2, 3]
+    p = {}
+    for budget in ('1M', 'all'):
+        d = np.array(dyt[budget][:3]) - np.array(ln[budget][:3])
+        t = d.mean() / (math.sqrt(sum((x - d.mean()) ** 2 for x in d) / 2) / math.sqrt(3))
+        p[budget] = t_pvalue(t, 2)
+    lo, hi = sorted(p, key=p.get)
+    assert g[lo]['effect_final']['holm'] == pytest.approx(min(1, 2 * p[lo]))
+    assert g[hi]['effect_final']['holm'] == pytest.approx(max(min(1, 2 * p[lo]), p[hi]))
+    itt = report.rule_items(rep['groups'], 'dyt')['intention to treat', 'final']
+    assert [i.helps for i in itt] == [True, False]  # 1M: lower on seeds 1-3; all: higher
+    with open(os.path.join(root, 'report.json')) as f:
+        saved = json.load(f, parse_constant=lambda name: pytest.fail(f'{name} in report.json'))
+    assert next(r for r in saved['runs'] if r['name'] == 's_1M_dyt_s4')['final'] is None
+    assert 's_1M_dyt_s4: **nonfinite**' in open(os.path.join(root, 'report.md')).read()
+
+
+def test_damaged_run_folders_are_named_with_what_to_do(tmp_path):
+    """A torn summary.json (with and without a checkpoint), one without final_val_loss, one missing
+    where the log says the run saved a checkpoint that is gone, one missing beside a checkpoint
+    (never finished: partial), a torn log.jsonl line and a torn cell.json: each named, none a
+    traceback."""
+    root = tmp_path / 'grid'
+    for variant in ('ln', 'dyt'):
+        for seed in (1, 2, 3):
+            sat = 0.5 if variant == 'dyt' else None
+            write_run(str(root), 's', 1_000_000, variant, seed, 4.0, 4.0, sat)
+    (root / 's_1M_ln_s1' / 'summary.json').write_text('{"final_val_loss": 3.')
+    (root / 's_1M_ln_s1' / 'ckpt.pt').write_bytes(b'')
+    (root / 's_1M_ln_s2' / 'summary.json').write_text('{"final_val_loss": 3.')
+    summary = json.loads((root / 's_1M_dyt_s1' / 'summary.json').read_text())
+    del summary['final_val_loss']
+    (root / 's_1M_dyt_s1' / 'summary.json').write_text(json.dumps(summary))
+    (root / 's_1M_dyt_s2' / 'summary.json').unlink()
+    (root / 's_1M_dyt_s2' / 'ckpt.pt').write_bytes(b'')
+    (root / 's_1M_dyt_s3' / 'summary.json').unlink()
+    with open(root / 's_1M_dyt_s3' / 'log.jsonl', 'a') as f:
+        f.write(json.dumps(dict(event='saved', iter=100)) + '\n')
+    with open(root / 's_1M_ln_s3' / 'log.jsonl', 'a') as f:
+        f.write('{"event": "eval", "it')  # line 4, cut short
+    (root / 'broken').mkdir()
+    (root / 'broken' / 'cell.json').write_text('{"name": ')
+    rep = study.main(['report', str(root), '--analysis=False', '--bootstrap=10'])
+    runs = {r['name']: r for r in rep['runs']}
+    status = {name: r['status'] for name, r in runs.items()}
+    assert status == {'s_1M_ln_s1': 'damaged', 's_1M_ln_s2': 'damaged', 's_1M_dyt_s1': 'damaged',
+                      's_1M_dyt_s2': 'partial', 's_1M_dyt_s3': 'damaged', 's_1M_ln_s3': 'finished',
+                      'broken': 'damaged'}
+    summary = os.path.join(str(root), 's_1M_ln_s1', 'summary.json')
+    assert runs['s_1M_ln_s1']['reason'].startswith(f'{summary} is not valid JSON')
+    assert 'resumes from its checkpoint' in runs['s_1M_ln_s1']['reason']
+    assert 'trains anew' in runs['s_1M_ln_s2']['reason']
+    assert 'is incomplete: no final_val_loss' in runs['s_1M_dyt_s1']['reason']
+    assert runs['s_1M_dyt_s2']['reason'].startswith('never finished')
+    assert 'records a saved at iter 100' in runs['s_1M_dyt_s3']['reason']
+    assert runs['s_1M_ln_s3']['log_problem'].startswith(
+        f"{os.path.join(str(root), 's_1M_ln_s3')}/log.jsonl line 4 not a record")
+    assert 'broken/cell.json is not valid JSON' in runs['broken']['reason']
+    md = open(root / 'report.md').read()
+    assert 'Runs: 1 finished, 5 damaged, 1 partial.' in md
+    for name in status:
+        assert f'- {name}: **' in md
 
 
 PAPER = [('64m', '1M', 0.0156, 0.493, -27.3), ('64m', '10M', 0.156, 0.413, 5.9),
