@@ -1,6 +1,7 @@
 """docs/labs.md: every lab's commands, as the page writes them, at a smaller size. train.py's runs
 on the tiny token stream (tests/common.py's data_dir) for a few steps, side by side; then each
-analysis command on those runs, which must end well and write what the lab says to look at."""
+analysis command on those runs, side by side, which must end well and write what the lab says to
+look at."""
 import importlib.util
 import json
 import re
@@ -12,7 +13,8 @@ from tests.common import run_side_by_side
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["--max_iters=6", "--lr_decay_iters=6", "--warmup_iters=2", "--eval_interval=3",
-         "--log_interval=3", "--eval_samples=8", "--batch_size=4", "--block_size=16"]
+         "--log_interval=3", "--eval_samples=8", "--batch_size=4", "--block_size=16", "--n_layer=2",
+         "--n_embd=32", "--n_head=2"]
 
 
 def lab_commands():
@@ -43,8 +45,8 @@ def test_every_lab_runs_at_a_smaller_size(tmp_path, data_dir):
         out = next(a.split("=", 1)[1] for a in argv if a.startswith("--out_dir="))
         summary = json.loads((Path(out) / "summary.json").read_text())
         assert summary["status"] == "finished" and summary["iters"] == 6, argv
-    for argv in others:  # after the runs they read, one by one (a plot may read an earlier one)
-        (done,) = run_side_by_side([[sys.executable, *argv[1:]]], cwd=REPO)
+    for argv, done in zip(others, run_side_by_side([[sys.executable, *a[1:]] for a in others],
+                                                   cwd=REPO)):  # they read the runs, not each other
         assert done.returncode == 0, (argv, done.stdout[-2000:], done.stderr[-2000:])
         assert "Traceback" not in done.stderr, argv
         plots = [a.split("=", 1)[1] for a in argv if a.startswith("--plot=")]
