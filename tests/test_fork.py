@@ -82,6 +82,7 @@ def test_an_annex_option_names_the_file_it_needs(fork):
              (['train.py', '--dataset=images', '--data_dir=images', '--out_dir=out_vit'], 'annex/vit.py'),
              (['analyze.py', 'all', 'out', '--plot=figs'], 'annex/plots.py'),
              (['analyze.py', 'alpha', 'out'], 'annex/alpha.py'),
+             (['analyze.py', 'scurve', 'out'], 'annex/scurve.py'),
              (['train.py', '--wandb_log=True', '--out_dir=out_wandb'], 'annex/wandb_log.py'),
              (['train.py', '--async_save=True', '--out_dir=out_async'], 'annex/cluster.py'))
     for (args, needs), proc in zip(cases, run(d, *(args for args, _ in cases))):
