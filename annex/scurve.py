@@ -1,12 +1,12 @@
 """
-LayerNorm's S-curves (Zhu et al. 2025, "Tanh-like mappings with layer normalization"), as analyze.py's
-`scurve` measure. Per token a LayerNorm is linear, (x - mean) / std; tokens of different spread together
-trace an S, which is why DyT puts a tanh in its place. For every norm layer, on sampled tokens of
-analyze.py's windows: the (input, output before the affine) pairs; least-squares fits of a*tanh(b*x)
-and of a line, the R^2 of each; the fit's b against 1/std of the input (DyT's alpha tracks it); the
-fraction of inputs on the curve's flat part, |b x| > 2 (tanh(2) is 96% of the bound: saturation's
-headline t), and a DyT or Derf layer's own saturation on the same tokens. An annex: analyze.py imports
-it for `scurve`, and for `all` when this file is here.
+LayerNorm's S-curves (Zhu et al. 2025, "Tanh-like mappings with layer normalization"), as
+analyze.py's `scurve` measure. Per token a LayerNorm is linear, (x - mean) / std; tokens of
+different spread together trace an S, which is why DyT puts a tanh in its place. For every norm
+layer, on sampled tokens of analyze.py's windows: the (input, output before the affine) pairs;
+least-squares fits of a*tanh(b*x) and of a line, the R^2 of each; the fit's b against 1/std of the
+input (DyT's alpha tracks it); the fraction of inputs on the curve's flat part, |b x| > 2 (tanh(2)
+is 96% of the bound: saturation's headline t), and a DyT or Derf layer's own saturation on the same
+tokens. An annex: analyze.py imports it for `scurve`, and for `all` when this file is here.
 """
 import functools
 import math
@@ -29,7 +29,7 @@ def pre_affine(layer, x):  # the layer's output with gain 1 and bias 0: its own 
     return torch.func.functional_call(layer, unit, (x,))
 
 
-def keep_rows(store, name, layer, args):  # a forward pre-hook: (x, f(x)) of the batch's sampled rows
+def keep_rows(store, name, layer, args):  # a forward pre-hook: (x, f(x)) of the sampled rows
     if store["inside"]:  # pre_affine's own call of the layer
         return
     x = args[0].reshape(-1, args[0].shape[-1])
@@ -116,7 +116,8 @@ def layer_curve(model, name, x, y, depth):
             u = layer.squashed(torch.from_numpy(x).to(layer.weight))
         sat = float((u.abs() > layer.cut(HEADLINE_T)).double().mean())
     alpha = getattr(layer, "alpha", None)
-    return dict(depth=depth, kind=model.config.norm, input_std=std, inv_std=1 / std if std else None,
+    inv_std = 1 / std if std else None
+    return dict(depth=depth, kind=model.config.norm, input_std=std, inv_std=inv_std,
                 a=a, b=b, b_std=b * std, r2_tanh=r2, r2_line=fit_line(x, y)[2],
                 flat=float((np.abs(b * x) > HEADLINE_T).mean()), saturation=sat,
                 alpha=None if alpha is None else alpha.item())
