@@ -31,7 +31,7 @@ from annex.memory import gpu_peak_flops, memory_plan  # noqa: E402
 from annex.vit import ViT, ViTConfig  # noqa: E402
 from configurator import config_keys, configure, run_config_file  # noqa: E402
 from distributed import pick_device, precision  # noqa: E402
-from model import GPT, NORMS, GPTConfig  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
 
 # -------------------------------------------------------------------------------------------------------
 n_layer = 4
@@ -57,6 +57,7 @@ report_json: str | None = None  # gpu_report: each row also as a JSON line appen
 # -------------------------------------------------------------------------------------------------------
 DEFAULTS, OPTIONAL_TYPES = config_keys(globals())
 ATTNS = ('standard', 'diff')
+STUDY_NORMS = ('layernorm', 'rmsnorm', 'dyt', 'derf', 'hardtanh')  # the ablations share their code
 REPORT_CONFIGS = {'64m': 'config/gpt2_64m_ln.py', '124m': 'config/gpt2_124m_ln.py'}
 REPORT_VARIANTS = {'LayerNorm': {}, 'DyT': dict(norm='dyt'), 'Derf': dict(norm='derf'),
                    'Diff attention (LayerNorm)': dict(attn='diff')}
@@ -232,13 +233,13 @@ def main(argv):
     if cfg['vit']:
         variants = {f'ViT norm={norm}': ViT(ViTConfig(n_layer=6, n_head=4, n_embd=256, bias=True,
                                                       norm=norm))
-                    for norm in NORMS}
+                    for norm in STUDY_NORMS}
         inputs, targets, unit, per_step = torch.randn(B, 3, 32, 32), torch.randint(10, (B,)), 'images', B
         shape = dict(n_layer=6, n_head=4, n_embd=256, patch_size=4)
     else:
         variants = {'plain nanoGPT-style (LayerNorm)': PlainGPT(**shape)}
         for attn in ATTNS:
-            for norm in NORMS:
+            for norm in STUDY_NORMS:
                 variants[f"norm={norm} attn={attn}"] = GPT(GPTConfig(**shape, norm=norm, attn=attn))
         inputs = targets = torch.randint(0, cfg['vocab_size'], (B, T))
         unit, per_step = 'tokens', B * T

@@ -24,7 +24,7 @@ from model import GPT, GPTConfig
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STUDY_NORMS = ['layernorm', 'rmsnorm', 'dyt', 'derf', 'hardtanh']  # the ablations run DyT's code
+STUDY_NORMS = ['layernorm', 'rmsnorm', 'dyt', 'derf', 'hardtanh']  # the ablations share their code
 # 30 steps on the data_dir fixture's learnable stream: the loss falls from ln(64) to about 2.5.
 # Head size 32: the fused attention kernels take it
 RUN = ['--dataset=tiny', '--n_layer=2', '--n_head=2', '--n_embd=64', '--block_size=32', '--batch_size=8',
