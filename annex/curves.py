@@ -198,9 +198,11 @@ def plot_curves(runs, x, path):
         ax.annotate(f"unigram level {h:.3f}, budget {size}", (0.99, h), fontsize=8, c='gray',
                     xycoords=('axes fraction', 'data'), textcoords='offset points', xytext=(0, 3),
                     ha='right')
-    # the first eval's loss (ln(vocab) or above) would squash the rest: the axis stops at the later
-    # evals' highest val loss, and the unigram levels
-    later = [e['val'] for r in runs for e in r['evals'][1:] if finite(e['val'])] + list(levels)
+    # the first evals' losses (ln(vocab) or above) would squash the rest: the axis stops at the
+    # highest val loss after each run's first quarter of evals (its first eval at least), and the
+    # unigram levels
+    later = [e['val'] for r in runs for e in r['evals'][max(len(r['evals']) // 4, 1):]
+             if finite(e['val'])] + list(levels)
     losses = [s['loss'] for r in runs for s in r['steps'] if finite(s['loss'])] + later
     if later:
         low, high = min(losses), max(later)
