@@ -6,7 +6,8 @@ The study's report on a grid's runs (annex/study.py run), from the repository ro
 
 Reads every cell folder (cell.json, summary.json, log.jsonl) and writes into the grid's folder report.md
 (also printed), report.json (every number, schema "nanonorm-study-report/2") and, with matplotlib,
-signflip.png and saturation.png:
+signflip.png, saturation.png and, with two or more scales, capacity.png (the change against
+parameters, a line per budget):
   - val loss per cell, mean and sample std over seeds, at the final and the best checkpoint, beside the
     budget's unigram level on val (the val loss of predicting the budget's token frequencies: what a
     collapsed model scores); tokens per parameter as the run saw them, min(budget, steps x tokens/step);
@@ -323,6 +324,7 @@ def summarize(rows):
                  status_by_seed={r['seed']: r['status'] for r in runs},
                  tokens_per_param=max((r['tokens_per_param'] for r in ended  # a diverged run saw less
                                        if r['tokens_per_param']), default=None),
+                 n_params=max((r['n_params'] for r in runs if r.get('n_params')), default=None),
                  val_unigram=next((r['val_unigram'] for r in ended if r['val_unigram']), None),
                  layers_saturated=max((r['layers_saturated'] for r in ended
                                        if r.get('layers_saturated') is not None), default=None))
@@ -806,6 +808,8 @@ def plots(report_dir, groups, opts):
         axes[2].legend(fontsize=7)
         fig.suptitle('The sign flip: below 0, the variant beats LayerNorm')
         save(fig, 'signflip.png')
+    if len({g['scale'] for g in compared if g['n_params']}) > 1:
+        capacity_plot(plt, capacity_lines(compared), save)
     pointwise = [g for g in groups if g['norm'] in POINTWISE and g.get('change_final') is not None
                  and g['sat'] is not None]
     if pointwise:
@@ -824,6 +828,34 @@ def plots(report_dir, groups, opts):
         ax.legend(fontsize=8)
         save(fig, 'saturation.png')
     return names
+
+
+def capacity_lines(compared):
+    """{(budget, variant): [(parameters, change %, its paired 95% CI or None)]} at the final and the
+    best checkpoint, by parameters: the study's "the penalty grows with capacity", one line per budget
+    and variant across the scales."""
+    lines = {key: {} for key in ('final', 'best')}
+    for g in sorted(compared, key=lambda g: g['n_params'] or 0):
+        for key in lines:
+            if g['n_params'] and g[f'effect_{key}']:
+                point = (g['n_params'], g[f'change_{key}'], g[f'effect_{key}']['pct_ci'])
+                lines[key].setdefault((g['budget'], g['variant']), []).append(point)
+    return lines
+
+
+def capacity_plot(plt, lines, save):
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for ax, (key, cells) in zip(axes, lines.items()):
+        for (budget, variant), points in cells.items():
+            x, y, cis = zip(*points)
+            err = np.array([[c - (ci or [c, c])[0], (ci or [c, c])[1] - c] for c, ci in zip(y, cis)])
+            ax.errorbar(x, y, yerr=err.T, fmt='o-', capsize=3, label=f'{variant} at {budget}')
+        ax.axhline(0, c='gray', lw=0.8)
+        ax.set(xscale='log', xlabel='parameters', title=f'{key} checkpoint',
+               ylabel='val loss change vs LayerNorm (%, paired 95% CI)')
+        ax.legend(fontsize=7)
+    fig.suptitle('Does the change grow with capacity? One line per budget, across the scales')
+    save(fig, 'capacity.png')
 
 
 def paper_cells(source):

@@ -1022,3 +1022,40 @@ def test_best_on_val_is_reported_on_the_test_split(tmp_path, data_dir, capsys):
     # 64 tokens overfit: the best on val is earlier than the end, and the two test losses differ
     assert any(r['best_iter'] < r['final_iter'] and r['test_best'] != r['test_final']
                for r in rep['runs'])
+
+
+def test_the_change_against_parameters_one_line_per_budget(tmp_path):
+    """The ladder's plot: per budget and variant, the final and best change at each scale's parameter
+    count, in order of parameters, equal to the paired change written out; capacity.png with two or
+    more scales."""
+    data = tmp_path / 'data'
+    data.mkdir()
+    np.random.default_rng(2).integers(0, 40, 4000).astype(np.uint16).tofile(data / 'train.bin')
+    np.random.default_rng(3).integers(0, 40, 500).astype(np.uint16).tofile(data / 'val.bin')
+    (data / 'meta.json').write_text('{"tokenizer": "byte", "vocab_size": 40}')
+    root, d = str(tmp_path / 'grid'), str(data)
+    finals = {}  # (scale, budget, variant, seed): final val loss; best = final - 0.1
+    for scale, params, penalty in (('big', 4000, 0.3), ('small', 1000, 0.1)):  # out of order
+        for budget in (1000, None):
+            for seed in (1, 2):
+                ln = 3.0 + 0.1 * seed
+                dyt = ln + (penalty if budget is None else -0.2) + 0.01 * seed
+                for variant, loss in (('ln', ln), ('dyt', dyt)):
+                    finals[scale, budget, variant, seed] = loss
+                    write_run(root, scale, budget, variant, seed, loss, loss - 0.1, 0.3,
+                              data_dir=d, n_params=params)
+    groups = report.summarize(report.collect(root, dict(report.OPTIONS, screen_steps=50)))
+    lines = report.capacity_lines([g for g in groups if g.get('change_final') is not None])
+    for key, shift in (('final', 0.0), ('best', 0.1)):
+        for budget, name in ((1000, '1K'), (None, 'all')):
+            points = lines[key][name, 'dyt']
+            assert [p[0] for p in points] == [1000, 4000]
+            for (params, change, ci), scale in zip(points, ('small', 'big')):
+                ln = [finals[scale, budget, 'ln', s] - shift for s in (1, 2)]
+                dyt = [finals[scale, budget, 'dyt', s] - shift for s in (1, 2)]
+                want = 100 * sum(b - a for a, b in zip(ln, dyt)) / 2 / (sum(ln) / 2)
+                assert change == pytest.approx(want) and ci[0] < change < ci[1]
+    assert lines['final']['all', 'dyt'][1][1] > lines['final']['all', 'dyt'][0][1]  # grows
+    report.main([root])
+    assert (os.path.exists(os.path.join(root, 'capacity.png'))
+            == bool(importlib.util.find_spec('matplotlib')))
