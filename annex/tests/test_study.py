@@ -1050,7 +1050,8 @@ def test_the_change_against_parameters_one_line_per_budget(tmp_path):
         for budget, name in ((1000, '1K'), (None, 'all')):
             points = lines[key][name, 'dyt']
             assert [p[0] for p in points] == [1000, 4000]
-            for (params, change, ci), scale in zip(points, ('small', 'big')):
+            for (params, change, ci, name_of_scale), scale in zip(points, ('small', 'big')):
+                assert name_of_scale == scale
                 ln = [finals[scale, budget, 'ln', s] - shift for s in (1, 2)]
                 dyt = [finals[scale, budget, 'dyt', s] - shift for s in (1, 2)]
                 want = 100 * sum(b - a for a, b in zip(ln, dyt)) / 2 / (sum(ln) / 2)
