@@ -838,7 +838,8 @@ def capacity_lines(compared):
     for g in sorted(compared, key=lambda g: g['n_params'] or 0):
         for key in lines:
             if g['n_params'] and g[f'effect_{key}']:
-                point = (g['n_params'], g[f'change_{key}'], g[f'effect_{key}']['pct_ci'], g['scale'])
+                effect = g[f'effect_{key}']
+                point = (g['n_params'], g[f'change_{key}'], effect['pct_ci'], g['scale'])
                 lines[key].setdefault((g['budget'], g['variant']), []).append(point)
     return lines
 
@@ -848,10 +849,12 @@ def capacity_plot(plt, lines, save):
     for ax, (key, cells) in zip(axes, lines.items()):
         for (budget, variant), points in cells.items():
             x, y, cis, _ = zip(*points)
-            err = np.array([[c - (ci or [c, c])[0], (ci or [c, c])[1] - c] for c, ci in zip(y, cis)])
+            err = np.array([[c - (ci or [c, c])[0], (ci or [c, c])[1] - c]
+                            for c, ci in zip(y, cis)])
             ax.errorbar(x, y, yerr=err.T, fmt='o-', capsize=3, label=f'{variant} at {budget}')
             for point in points:
-                ax.annotate(point[3], point[:2], fontsize=7, xytext=(3, 3), textcoords='offset points')
+                ax.annotate(point[3], point[:2], fontsize=7, xytext=(3, 3),
+                            textcoords='offset points')
         ax.axhline(0, c='gray', lw=0.8)
         ax.set(xscale='log', xlabel='parameters', title=f'{key} checkpoint',
                ylabel='val loss change vs LayerNorm (%, paired 95% CI)')
