@@ -2,7 +2,7 @@
 # plentiful grow with capacity, as the study found from 64m (+18.8%) to 3.78b (+27.9%)? train.py's
 # default model (4 layers, width 128, 0.83M parameters) at widths 192 and 256 and at depth 8, the
 # miniature's budgets (10K, 100K, all 1.86M pydocs tokens), LayerNorm against DyT at alpha0 0.5 and
-# 2.0, two seeds: 72 runs, about 3.3 hours on 2 cores; resumable (rerun the same command).
+# 2.0, two seeds: 72 runs, about 4 hours on 2 cores; resumable (rerun the same command).
 #   python annex/study.py run config/grid_ladder_quick.py   # 12 of these cells first, about 22 min
 #   python annex/study.py run config/grid_ladder.py && python annex/study.py report out/grid_ladder
 # Steps: the same tokens per parameter on the whole split at every scale, 1.24 (the miniature's 500
@@ -10,7 +10,7 @@
 # through the data they got. The study instead keeps 5000 steps at every scale and budget; here that
 # would give the wider models fewer tokens per parameter, which is itself what predicts DyT's sign.
 # Everything else is the miniature's (lr 2e-3, 30 warmup steps, cosine to 2e-4 at the last step,
-# emb_init_std 0.3). Width 256 trains in bfloat16 autocast, 1.12x faster here (docs/training.md);
+# emb_init_std 0.3). Width 256 trains in bfloat16 autocast, 1.15x faster here (docs/training.md);
 # the others in float32, where bfloat16 does not pay.
 scales = {
     'w128': dict(max_iters=500, lr_decay_iters=500, eval_interval=50, log_interval=50),
