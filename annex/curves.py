@@ -15,7 +15,6 @@ alphas included. A run without summary.json (running, or stopped) takes the unig
 finished run of the same budget among those given, else it is unknown. A torn log line is named and
 skipped.
 """
-import json
 import math
 import os
 import sys
@@ -25,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from analyze import fmt, print_table  # noqa: E402
 from annex.alpha import alpha_vs_std, print_alpha  # noqa: E402
 from annex.plots import pyplot, save_png  # noqa: E402
-from annex.study import read_json  # noqa: E402
+from annex.study import log_records, read_json  # noqa: E402
 from configurator import configure, split_args  # noqa: E402
 from data.common import write_json  # noqa: E402
 
@@ -34,20 +33,11 @@ XS = ('iter', 'tokens', 'images', 'epochs')  # what a log record counts its prog
 BUDGET = ('dataset', 'data_dir', 'train_tokens', 'budget_docs')  # config keys that fix a budget
 
 
-def read_records(path):
+def read_records(d):
     """log.jsonl's records; a torn line (a run killed while writing it) is named and skipped."""
-    records = []
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                record = None
-            if isinstance(record, dict) and 'event' in record:
-                records.append(record)
-            else:
-                print(f"warning: {path} line {number} is not a log record (a torn write?): "
-                      "skipped")
+    records, torn = log_records(d)
+    for number in torn:
+        print(f"warning: {d}/log.jsonl line {number} is not a log record (a torn write?): skipped")
     return records
 
 
@@ -87,7 +77,7 @@ def eval_rows(evals):
 
 def load_run(d):
     """A run's curves from its folder: evals, step losses, its best, alphas, its budget."""
-    records = read_records(os.path.join(d, 'log.jsonl'))
+    records = read_records(d)
     summary = read_json(os.path.join(d, 'summary.json')) or {}
     config = read_json(os.path.join(d, 'config.json'))
     evals = [r for r in records if r['event'] == 'eval']

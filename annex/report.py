@@ -44,7 +44,7 @@ from checkpoint import load_checkpoint
 from annex.collapse import COLLAPSE_MARGIN
 from annex.plots import pyplot, save_png
 from annex.stats import bootstrap_rule, holm, intersection_union, paired, rule_stats
-from annex.study import (PUBLISHED_RULE, THRESHOLD, command_line, eval_at, has_checkpoint, label,
+from annex.study import (PUBLISHED_RULE, THRESHOLD, command_line, has_checkpoint, label, last_eval,
                          load_json, log_records, read_json, status)
 from annex.protocol import budget_tokens, eot_id
 from data.common import (DataError, atomic_write, entropy_of, load_meta, load_split, token_counts,
@@ -179,7 +179,7 @@ def read_run(path, opts):
     elif s is None:
         row.update(unfinished(d, row['status'], records))
     else:
-        row.update(figures(d, cell, s, opts))
+        row.update(figures(d, cell, s, records, opts))
         row.update(verdict(row, s, opts))
     return row
 
@@ -219,7 +219,7 @@ def unfinished(d, st, records):
     return {}
 
 
-def figures(d, cell, s, opts):
+def figures(d, cell, s, records, opts):
     """A run's figures from its summary.json (and the eval at the screen's step from its log)."""
     cfg = s['config']
     budget = (cfg['dataset'], cfg['data_dir'], cfg['train_tokens'], cfg.get('budget_docs'))
@@ -229,7 +229,7 @@ def figures(d, cell, s, opts):
     entropy, n_train = ref['entropy'], ref['n_train']
     seen = min(n_train, s['tokens']) if n_train and s.get('tokens') is not None else n_train
     steps = opts['screen_steps'] or cell.get('screen_steps', 500)
-    early = eval_at(d, steps)
+    early = last_eval(records, steps)
     early = early if early and early['iter'] == steps else None  # an eval at exactly that step
     layers = (s.get('saturation_layers') or {}).values()
     row = dict(dataset=cfg['dataset'], data_dir=cfg['data_dir'],
@@ -781,8 +781,7 @@ def plots(report_dir, groups, opts):
             for name, color, line in lines([g for g in compared if g[f'effect_{key}']]):
                 x = [g['tokens_per_param'] for g in line]
                 y = [g[f'change_{key}'] for g in line]
-                err = np.array([[y0 - (ci or [y0, y0])[0], (ci or [y0, y0])[1] - y0] for y0, ci in
-                                zip(y, (g[f'effect_{key}']['pct_ci'] for g in line))]).T
+                err = error_bars(y, [g[f'effect_{key}']['pct_ci'] for g in line])
                 ax.errorbar(x, y, yerr=err, fmt='o-', capsize=3, label=name, color=color)
                 for g in line:
                     ax.annotate(g['budget'], (g['tokens_per_param'], g[f'change_{key}']), fontsize=7,
@@ -830,6 +829,11 @@ def plots(report_dir, groups, opts):
     return names
 
 
+def error_bars(values, cis):  # matplotlib's yerr (2 x n, below and above) of intervals or None
+    return np.array([[v - (ci or [v, v])[0], (ci or [v, v])[1] - v]
+                     for v, ci in zip(values, cis)]).T
+
+
 def capacity_lines(compared):
     """{(budget, variant): [(parameters, change %, its paired 95% CI or None, scale)]} at the final
     and the best checkpoint, by parameters: the study's "the penalty grows with capacity", one line
@@ -849,9 +853,8 @@ def capacity_plot(plt, lines, save):
     for ax, (key, cells) in zip(axes, lines.items()):
         for (budget, variant), points in cells.items():
             x, y, cis, _ = zip(*points)
-            err = np.array([[c - (ci or [c, c])[0], (ci or [c, c])[1] - c]
-                            for c, ci in zip(y, cis)])
-            ax.errorbar(x, y, yerr=err.T, fmt='o-', capsize=3, label=f'{variant} at {budget}')
+            ax.errorbar(x, y, yerr=error_bars(y, cis), fmt='o-', capsize=3,
+                        label=f'{variant} at {budget}')
             for point in points:
                 ax.annotate(point[3], point[:2], fontsize=7, xytext=(3, 3),
                             textcoords='offset points')

@@ -82,12 +82,17 @@ def fit_tanh(x, y):
     losses = [tanh_loss(g, x, y) for g in grid]
     k = int(np.argmin(losses))
     lo, hi = grid[max(k - 1, 0)], grid[min(k + 1, len(grid) - 1)]
-    while hi - lo > 1e-7:  # in log b: b to 1e-7 relative
-        m1, m2 = hi - GOLDEN * (hi - lo), lo + GOLDEN * (hi - lo)
-        if tanh_loss(m1, x, y) < tanh_loss(m2, x, y):
-            hi = m2
+    m1, m2 = hi - GOLDEN * (hi - lo), lo + GOLDEN * (hi - lo)
+    f1, f2 = tanh_loss(m1, x, y), tanh_loss(m2, x, y)
+    while hi - lo > 1e-7:  # in log b: b to 1e-7 relative; one new loss a step, the other kept
+        if f1 < f2:
+            hi, m2, f2 = m2, m1, f1
+            m1 = hi - GOLDEN * (hi - lo)
+            f1 = tanh_loss(m1, x, y)
         else:
-            lo = m1
+            lo, m1, f1 = m1, m2, f2
+            m2 = lo + GOLDEN * (hi - lo)
+            f2 = tanh_loss(m2, x, y)
     b = math.exp((lo + hi) / 2)
     t = np.tanh(b * x)
     a = float(y @ t / (t @ t))

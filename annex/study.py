@@ -422,7 +422,11 @@ def cmd_run(argv):
 
 def eval_at(cell_dir, step):
     """The eval record of a run at its last evaluation at or before `step` (None: none after 0)."""
-    evals = [r for r in log_records(cell_dir)[0] if r['event'] == 'eval' and 0 < r['iter'] <= step]
+    return last_eval(log_records(cell_dir)[0], step)
+
+
+def last_eval(records, step):  # of a run's log records, as eval_at
+    evals = [r for r in records if r['event'] == 'eval' and 0 < r['iter'] <= step]
     return evals[-1] if evals else None
 
 
