@@ -1,4 +1,4 @@
-# The scale ladder's quick version (config/grid_ladder.py): 12 of its cells, about 22 minutes on 2
+# The scale ladder's quick version (config/grid_ladder.py): 12 of its cells, 27 minutes here on 2
 # cores. Three scales (width 128 and 192, depth 8), the smallest and the whole budget, LayerNorm and
 # DyT at alpha0 0.5, seed 1337, in the same folder: the full ladder then runs only the other 60.
 #   python annex/study.py run config/grid_ladder_quick.py && python annex/study.py report out/grid_ladder
